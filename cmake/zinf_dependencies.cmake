@@ -1,0 +1,46 @@
+# Every dependency comes from a Debian 12 package (scripts/install-deps.sh), except the CUDA
+# toolkit, which is used when present and skipped otherwise.
+find_package(Threads REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(LIBURING REQUIRED IMPORTED_TARGET liburing>=2.1)
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+find_library(LIBAIO_LIBRARY NAMES aio REQUIRED)
+find_path(LIBAIO_INCLUDE_DIR libaio.h REQUIRED)
+add_library(zinf_libaio INTERFACE)
+target_link_libraries(zinf_libaio INTERFACE ${LIBAIO_LIBRARY})
+target_include_directories(zinf_libaio SYSTEM INTERFACE ${LIBAIO_INCLUDE_DIR})
+
+find_package(TBB REQUIRED)
+find_package(xsimd REQUIRED)
+find_package(fmt REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(nlohmann_json REQUIRED)
+find_package(CLI11 REQUIRED)
+if(ZINF_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+  include(GoogleTest)
+endif()
+if(ZINF_BUILD_BENCH)
+  find_package(benchmark QUIET)
+endif()
+
+if(ZINF_WITH_TORCH)
+  find_package(Torch REQUIRED)
+  # LibTorch's flags carry -D_GLIBCXX_USE_CXX11_ABI; keep them on every torch consumer.
+  add_library(zinf_torch INTERFACE)
+  target_link_libraries(zinf_torch INTERFACE ${TORCH_LIBRARIES})
+  target_include_directories(zinf_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
+  separate_arguments(_zinf_torch_flags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
+  target_compile_options(zinf_torch INTERFACE ${_zinf_torch_flags})
+endif()
+
+# CUDA: the runtime API is called from plain C++ (no nvcc needed for it), so the CUDA
+# pieces compile and link wherever the toolkit is installed, device or not.
+find_package(CUDAToolkit QUIET)
+if(CUDAToolkit_FOUND)
+  message(STATUS "zinf: CUDA toolkit ${CUDAToolkit_VERSION} found; CUDA pieces are built")
+  set(ZINF_HAVE_CUDA ON)
+else()
+  message(STATUS "zinf: CUDA toolkit not found; CUDA pieces are skipped")
+  set(ZINF_HAVE_CUDA OFF)
+endif()

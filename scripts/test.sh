@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Builds zinf (Release) and runs the whole test suite with CTest. Extra arguments go to
+# CTest, e.g. scripts/test.sh -R Aio.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/build.sh ${ZINF_CMAKE_ARGS:-}
+ctest --test-dir "${ZINF_BUILD_DIR:-build}" --output-on-failure -j "${ZINF_JOBS:-$(nproc)}" "$@"
