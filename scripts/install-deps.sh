@@ -12,7 +12,7 @@ packages=(
   libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libtorch-dev libgloo-dev
-  fio
+  fio python3
 )
 
 missing=()

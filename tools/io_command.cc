@@ -1,0 +1,236 @@
+// `zinf io` and `zinf nvme-tune`: parsing, printing, exit codes.
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "aio/error.h"
+#include "tools/aio_config_json.h"
+#include "tools/byte_size.h"
+#include "tools/commands.h"
+#include "tools/io_job.h"
+#include "tools/nvme_tune.h"
+
+namespace zinf::tools {
+namespace {
+
+// Options shared by both commands, as text until the callback validates them, so that an
+// error can name the option the user typed.
+struct AioFlags {
+  std::string block_size = "1M";
+  int queue_depth = 8;
+  int parallelism = 1;
+  bool single_submit = false;
+  bool sequential_requests = false;
+  std::string backend = "io_uring";
+};
+
+void add_aio_flags(CLI::App* cmd, AioFlags& f, bool with_grid_flags) {
+  if (with_grid_flags) {
+    cmd->add_option("--block-size,--block_size", f.block_size,
+                    "Bytes per request (K/M/G binary suffixes)")
+        ->capture_default_str();
+    cmd->add_option("--queue-depth,--queue_depth", f.queue_depth, "Requests in flight per thread")
+        ->capture_default_str();
+    cmd->add_option("--io-parallel,--io_parallel,--intra-op-parallelism", f.parallelism,
+                    "Threads one transfer is split over")
+        ->capture_default_str();
+    cmd->add_flag("--single-submit,--single_submit", f.single_submit,
+                  "Submit requests one at a time instead of in batches");
+    cmd->add_flag("--sequential-requests,--sequential_requests", f.sequential_requests,
+                  "Wait for each batch to complete before submitting more (overlap_events=false)");
+  }
+  cmd->add_option("--backend", f.backend, "io_uring, libaio or psync")->capture_default_str();
+}
+
+aio::AioConfig to_config(const AioFlags& f) {
+  aio::AioConfig c;
+  c.block_size = parse_byte_size(f.block_size, "--block-size");
+  c.queue_depth = f.queue_depth;
+  c.intra_op_parallelism = f.parallelism;
+  c.single_submit = f.single_submit;
+  c.overlap_events = !f.sequential_requests;
+  auto kind = aio::parse_backend(f.backend);
+  if (!kind) {
+    throw std::invalid_argument(
+        fmt::format("--backend: '{}' is not one of io_uring, libaio, psync", f.backend));
+  }
+  c.backend = *kind;
+  c.validate();
+  return c;
+}
+
+std::string describe(const aio::AioConfig& c) {
+  return fmt::format("block {}, queue depth {}, parallelism {}, {} submit, {} events",
+                     format_bytes(c.block_size), c.queue_depth, c.intra_op_parallelism,
+                     c.single_submit ? "single" : "batched",
+                     c.overlap_events ? "overlapped" : "sequential");
+}
+
+// Runs `body`, turning the errors a user can cause into one line on stderr and exit code 1.
+void guarded(int& exit_code, const std::function<void()>& body) {
+  try {
+    body();
+    exit_code = 0;
+  } catch (const aio::IoError& e) {
+    fmt::print(stderr, "zinf: I/O error: {}\n", e.what());
+    exit_code = 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "zinf: {}\n", e.what());
+    exit_code = 1;
+  }
+}
+
+struct IoOptions {
+  std::string path;
+  std::string size = "1G";
+  bool read = false;
+  bool write = false;
+  int loops = 3;
+  bool validate = false;
+  bool json = false;
+  bool keep = false;
+  AioFlags aio;
+};
+
+void run_io_command(const IoOptions& o) {
+  IoJob job;
+  job.path = o.path;
+  job.size_bytes = parse_byte_size(o.size, "--size");
+  job.write = !o.read;
+  job.aio = to_config(o.aio);
+  job.loops = o.loops;
+  job.validate = o.validate;
+  job.keep_file = o.keep;
+
+  if (!o.json) {
+    fmt::print("zinf io: {} {} ({} bytes), {} loop{}\n", job.write ? "write" : "read",
+               format_bytes(job.size_bytes), job.size_bytes, job.loops, job.loops == 1 ? "" : "s");
+    fmt::print("  backend {}, {}\n", aio::to_string(job.aio.backend), describe(job.aio));
+    fmt::print("  {:>6} {:>10} {:>9} {:>9}\n", "loop", "seconds", "GB/s", "GiB/s");
+  }
+  IoJobResult r = run_io_job(job, [&](int i, const IoLoop& l) {
+    if (!o.json) {
+      fmt::print("  {:>6} {:>10.4f} {:>9.3f} {:>9.3f}\n", i + 1, l.seconds, l.gb_per_s,
+                 l.gib_per_s);
+      std::fflush(stdout);
+    }
+  });
+  if (o.json) {
+    nlohmann::ordered_json out;
+    out["op"] = job.write ? "write" : "read";
+    out["file"] = r.file;
+    out["bytes"] = job.size_bytes;
+    out["direct_io"] = r.direct_io;
+    out["aio"] = aio_config_to_json(job.aio);
+    out["loops"] = nlohmann::ordered_json::array();
+    for (const IoLoop& l : r.loops) {
+      out["loops"].push_back({{"seconds", l.seconds}, {"gb_per_s", l.gb_per_s}, {"gib_per_s", l.gib_per_s}});
+    }
+    out["median"] = {{"seconds", r.median.seconds},
+                     {"gb_per_s", r.median.gb_per_s},
+                     {"gib_per_s", r.median.gib_per_s}};
+    out["validated"] = r.validated;
+    out["units"] = "GB = 10^9 bytes, GiB = 2^30 bytes";
+    std::cout << out.dump(2) << "\n";
+    return;
+  }
+  fmt::print("  {:>6} {:>10.4f} {:>9.3f} {:>9.3f}\n", "median", r.median.seconds,
+             r.median.gb_per_s, r.median.gib_per_s);
+  fmt::print("  file {}: {}{}{}\n", r.file,
+             r.direct_io ? "O_DIRECT" : "buffered (the filesystem refused O_DIRECT: figures "
+                                        "include the page cache)",
+             r.prepared_file ? "; written once before the timed reads" : "",
+             r.validated ? "; validated: every byte matched" : "");
+  fmt::print("  GB = 10^9 bytes, GiB = 2^30 bytes\n");
+}
+
+struct TuneFlags {
+  std::string folder;
+  std::string size = "1G";
+  double budget_s = 600;
+  int loops = 1;
+  std::string write_config;
+  AioFlags aio;
+};
+
+void run_tune_command(const TuneFlags& f) {
+  TuneOptions options;
+  options.folder = f.folder;
+  options.size_bytes = parse_byte_size(f.size, "--size");
+  options.budget_seconds = f.budget_s;
+  options.loops = f.loops;
+  auto kind = aio::parse_backend(f.aio.backend);
+  if (!kind) throw std::invalid_argument(fmt::format("--backend: '{}' is not one of io_uring, libaio, psync", f.aio.backend));
+  options.backend = *kind;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(options.folder, ec)) {
+    throw std::invalid_argument(fmt::format("{}: not a folder", options.folder));
+  }
+  if (options.loops < 1) throw std::invalid_argument("--loops must be at least 1");
+
+  fmt::print("zinf nvme-tune: {} written and read per run in {}, backend {}, budget {:.0f} s\n",
+             format_bytes(options.size_bytes), options.folder, aio::to_string(options.backend),
+             options.budget_seconds);
+  TuneResult r = run_nvme_tune(options, {}, [](int i, int planned, const TuneRun& run) {
+    fmt::print("  [{:>2}/{:>2}] {:<72} write {:6.3f} GB/s  read {:6.3f} GB/s  sum {:6.3f}  ({:.1f} s)\n",
+               i, planned, describe(run.config), run.write_gb_per_s, run.read_gb_per_s,
+               run.score(), run.seconds);
+    std::fflush(stdout);
+  });
+  fmt::print("{} runs (the full grid is {} runs){}\n", r.runs.size(), TuneResult::kFullGridRuns,
+             r.budget_exhausted ? "; the time budget cut the search short: best so far below" : "");
+  fmt::print("best: {}: write {:.3f} GB/s, read {:.3f} GB/s (GB = 10^9 bytes)\n",
+             describe(r.best.config), r.best.write_gb_per_s, r.best.read_gb_per_s);
+  nlohmann::ordered_json block;
+  block["aio"] = aio_config_to_json(r.best.config);
+  fmt::print("{}\n", block.dump(2));
+  if (!f.write_config.empty()) {
+    write_aio_block(f.write_config, r.best.config);
+    fmt::print("wrote the aio block into {}\n", f.write_config);
+  }
+}
+
+}  // namespace
+
+void add_io_command(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<IoOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "io", "Measure read or write throughput of a file or folder through zinf's aio engine");
+  cmd->add_option("path", o->path, "File, or folder (zinf-io.dat is used inside it)")->required();
+  cmd->add_option("--size,--io_size", o->size, "Bytes per loop (K/M/G binary, KB/MB/GB decimal)")
+      ->capture_default_str();
+  auto* read = cmd->add_flag("--read", o->read, "Measure reads");
+  auto* write = cmd->add_flag("--write", o->write, "Measure writes (the default)");
+  read->excludes(write);
+  cmd->add_option("--loops", o->loops, "Timed loops")->capture_default_str();
+  cmd->add_flag("--validate", o->validate, "Write a pattern, read it back and compare");
+  cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
+  cmd->add_flag("--keep", o->keep, "Keep zinf-io.dat when a folder was given");
+  add_aio_flags(cmd, o->aio, true);
+  cmd->callback([o, &exit_code] { guarded(exit_code, [&] { run_io_command(*o); }); });
+}
+
+void add_nvme_tune_command(CLI::App& app, int& exit_code) {
+  auto f = std::make_shared<TuneFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "nvme-tune", "Find the aio settings with the best read+write throughput for a folder");
+  cmd->add_option("folder", f->folder, "Folder on the drive to tune (e.g. the nvme_path)")
+      ->required();
+  cmd->add_option("--size", f->size, "Bytes written and read per configuration")
+      ->capture_default_str();
+  cmd->add_option("--budget", f->budget_s, "Seconds after which no new configuration starts")
+      ->capture_default_str();
+  cmd->add_option("--loops", f->loops, "Timed loops per direction per configuration")
+      ->capture_default_str();
+  cmd->add_option("--write-config", f->write_config,
+                  "Config file whose aio block is replaced with the best settings");
+  add_aio_flags(cmd, f->aio, false);
+  cmd->callback([f, &exit_code] { guarded(exit_code, [&] { run_tune_command(*f); }); });
+}
+
+}  // namespace zinf::tools

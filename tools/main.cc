@@ -1,0 +1,31 @@
+// zinf: one binary, one subcommand per job (see README.md).
+
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+
+#include "tools/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"zinf: ZeRO-Infinity style training runtime and NVMe offload tools", "zinf"};
+  app.require_subcommand(0, 1);
+  bool version = false;
+  app.add_flag("--version", version, "Print version, aio backends, SIMD level and CUDA devices");
+  int exit_code = 0;
+  zinf::tools::add_io_command(app, exit_code);
+  zinf::tools::add_nvme_tune_command(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (version) {
+    fmt::print("{}", zinf::tools::version_text());
+    return 0;
+  }
+  if (app.get_subcommands().empty()) {
+    fmt::print("{}", app.help());
+    return 2;
+  }
+  return exit_code;
+}
