@@ -64,13 +64,11 @@ class AioHandle {
   // Synchronous transfer of `bytes` bytes; returns when all are done. Throws IoError.
   // Requests queued with async_* before this call are not waited for.
   void pread(void* buffer, uint64_t bytes, const std::string& path, uint64_t file_offset);
-  void pwrite(const void* buffer, uint64_t bytes, const std::string& path,
-              uint64_t file_offset);
+  void pwrite(const void* buffer, uint64_t bytes, const std::string& path, uint64_t file_offset);
 
   // Queue a transfer and return at once; it starts as soon as a worker is free. Many may be
   // in flight across files. Errors are reported by wait().
-  void async_pread(void* buffer, uint64_t bytes, const std::string& path,
-                   uint64_t file_offset);
+  void async_pread(void* buffer, uint64_t bytes, const std::string& path, uint64_t file_offset);
   void async_pwrite(const void* buffer, uint64_t bytes, const std::string& path,
                     uint64_t file_offset);
 

@@ -1,0 +1,664 @@
+// AioHandle: worker threads, request generation, completion handling (see aio/handle.h).
+//
+// Each worker owns a Backend and a fixed table of queue_depth slots (the slot index is the
+// request's tag), so the hot path allocates nothing: a slot carries one request from prep
+// through every continuation (short transfer, EINTR/EAGAIN retry) to its end. A transfer
+// is cut into one Part per worker; a worker keeps a FIFO of active parts from any number of
+// transfers and fills free slots from the oldest part first.
+//
+// How a part's bytes become requests (file offsets; B = 4096):
+//   - buffered file (O_DIRECT refused): block_size requests straight from user memory;
+//   - head/tail that does not cover a whole aligned block: reads fetch the aligned block
+//     into the slot's bounce memory and copy the wanted bytes out; writes go through the
+//     file's buffered descriptor with exactly the user's bytes (the page cache merges them,
+//     so the file size stays exact and neighbouring unaligned writes cannot undo each other
+//     as a read-modify-write of a shared block could);
+//   - whole blocks: straight from user memory when it is congruent to the file offset
+//     modulo B, otherwise through the slot's staging memory.
+#include "aio/handle.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "aio/backend.h"
+#include "aio/error.h"
+#include "aio/file_cache.h"
+
+namespace zinf::aio {
+namespace {
+
+constexpr uint64_t kBlock = 4096;
+// Consecutive EINTR/EAGAIN results, or continuations that made no progress, tolerated for
+// one request before it fails.
+constexpr int kMaxRetries = 32;
+// Upper bound of one worker's staging memory (queue_depth slots); allocated on first use.
+constexpr uint64_t kStagingLimitBytes = 64ull << 20;
+
+constexpr uint64_t align_down(uint64_t value) { return value & ~(kBlock - 1); }
+
+struct Transfer;
+
+// The contiguous share of one transfer handled by one worker.
+struct Part {
+  Transfer* transfer = nullptr;
+  size_t worker = 0;
+  uint64_t begin = 0;  // file range [begin, end)
+  uint64_t end = 0;
+  std::byte* memory = nullptr;  // user memory of byte `begin`
+  bool congruent = false;       // memory address == file offset (mod 4096)
+  // Owned by the worker while the part is active:
+  uint64_t cursor = 0;       // next file offset to issue
+  unsigned in_flight = 0;    // slots working on this part
+  std::exception_ptr error;  // first failure; no further requests once set
+};
+
+struct Transfer {
+  Op op = Op::kRead;
+  bool async = false;
+  std::shared_ptr<const FileEntry> file;
+  std::vector<Part> parts;  // fixed before the parts are enqueued
+  // Guarded by AioHandle::Impl::mutex_:
+  size_t parts_left = 0;
+  bool done = false;
+  std::exception_ptr error;
+};
+
+struct SharedStats {
+  std::atomic<uint64_t> bytes_read{0};
+  std::atomic<uint64_t> bytes_written{0};
+  std::atomic<uint64_t> requests{0};
+  std::atomic<uint64_t> bounced_bytes{0};
+};
+
+class PartListener {
+ public:
+  virtual void part_done(Part& part) = 0;
+
+ protected:
+  ~PartListener() = default;
+};
+
+struct FreeDeleter {
+  void operator()(std::byte* p) const noexcept { std::free(p); }
+};
+
+// One queue slot: a request from first prep to its end, continuations included.
+struct Slot {
+  Part* part = nullptr;
+  Request request;
+  std::byte* memory = nullptr;         // request.buffer, as bytes
+  uint64_t origin_offset = 0;          // file offset the slot's memory starts at
+  std::byte* origin_memory = nullptr;  // memory of origin_offset
+  uint64_t need_end = 0;               // done once the file up to here is transferred
+  uint64_t user_begin = 0;             // user bytes this slot covers: [user_begin, need_end)
+  std::byte* user_memory = nullptr;    // user memory of user_begin
+  bool staged = false;                 // memory is bounce/staging memory
+  bool direct = false;                 // request.fd is O_DIRECT: stay block aligned
+  int retries = 0;
+};
+
+class Worker {
+ public:
+  Worker(PartListener& listener, std::unique_ptr<Backend> backend, const AioConfig& config,
+         SharedStats& stats)
+      : listener_(listener),
+        backend_(std::move(backend)),
+        single_submit_(config.single_submit),
+        overlap_events_(config.overlap_events),
+        capacity_(std::max(
+            1u, std::min(backend_->capacity(), static_cast<unsigned>(config.queue_depth)))),
+        request_bytes_(std::min<uint64_t>(config.block_size, kMaxRequestBytes)),
+        slot_bytes_(
+            std::max(kBlock, std::min(request_bytes_, align_down(kStagingLimitBytes / capacity_)))),
+        stats_(stats),
+        slots_(capacity_),
+        completions_(capacity_) {
+    free_.reserve(capacity_);
+    for (unsigned i = capacity_; i > 0; --i) free_.push_back(i - 1);
+  }
+
+  ~Worker() { stop_and_join(); }
+
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  std::string_view backend_name() const noexcept { return backend_->name(); }
+
+  void start() {
+    thread_ = std::thread([this] { run(); });
+  }
+
+  void enqueue(Part* part) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(part);
+      queued_.store(true, std::memory_order_release);
+    }
+    cv_.notify_one();
+  }
+
+  // Finishes every queued part and request in flight, then ends the thread.
+  void stop_and_join() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  unsigned in_flight() const { return capacity_ - static_cast<unsigned>(free_.size()); }
+
+  void run() {
+    for (;;) {
+      if (!take_new_parts()) return;
+      if (overlap_events_ || in_flight() == 0) fill();
+      submit_staged();
+      if (in_kernel_ > 0) reap();
+      retire_done_parts();
+    }
+  }
+
+  // Moves queued parts to active_, blocking while there is nothing to do. Returns false when
+  // the worker is stopping and has nothing left.
+  bool take_new_parts() {
+    const bool idle = active_.empty() && in_flight() == 0;
+    if (!idle && !queued_.load(std::memory_order_acquire)) return true;
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (idle) cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return !(idle && stopping_);
+    for (Part* part : queue_) {
+      part->cursor = part->begin;
+      active_.push_back(part);
+    }
+    queue_.clear();
+    queued_.store(false, std::memory_order_release);
+    return true;
+  }
+
+  void fill() {
+    for (Part* part : active_) {
+      if (broken_error_ != 0 && !part->error) fail_part(*part, broken_error_, "engine failed");
+      while (!free_.empty() && !part->error && part->cursor < part->end) issue_next(*part);
+      if (free_.empty()) break;
+    }
+  }
+
+  void issue_next(Part& part) {
+    const Transfer& transfer = *part.transfer;
+    const FileEntry& file = *transfer.file;
+    const unsigned index = free_.back();
+    Slot& slot = slots_[index];
+    const uint64_t at = part.cursor;
+    const uint64_t remaining = part.end - at;
+    std::byte* user = part.memory + (at - part.begin);
+
+    int fd = file.fd.get();
+    bool direct = file.direct;
+    bool staged = false;
+    uint64_t offset = at;
+    uint64_t length = 0;   // bytes of the request
+    uint64_t covered = 0;  // user bytes it carries
+    std::byte* memory = user;
+    if (!file.direct) {
+      length = covered = std::min(remaining, request_bytes_);
+    } else if (at % kBlock != 0 || remaining < kBlock) {
+      covered = std::min(part.end, align_down(at) + kBlock) - at;
+      if (transfer.op == Op::kWrite) {
+        fd = file.buffered_fd.get();
+        direct = false;
+        length = covered;
+      } else {
+        offset = align_down(at);
+        length = kBlock;
+        staged = true;
+      }
+    } else {
+      length = covered = std::min(align_down(remaining), request_bytes_);
+      if (!part.congruent) {
+        length = covered = std::min(length, slot_bytes_);
+        staged = true;
+      }
+    }
+    if (staged) {
+      if (!ensure_staging()) {
+        fail_part(part, ENOMEM, "allocating staging memory");
+        return;
+      }
+      memory = staging_.get() + static_cast<size_t>(index) * slot_bytes_;
+      if (transfer.op == Op::kWrite) std::memcpy(memory, user, covered);
+    }
+
+    free_.pop_back();
+    ++part.in_flight;
+    part.cursor = at + covered;
+    slot.part = &part;
+    slot.request = Request{.op = transfer.op,
+                           .fd = fd,
+                           .buffer = memory,
+                           .bytes = static_cast<uint32_t>(length),
+                           .offset = offset,
+                           .tag = index,
+                           .path = file.path};
+    slot.memory = memory;
+    slot.origin_offset = offset;
+    slot.origin_memory = memory;
+    slot.need_end = at + covered;
+    slot.user_begin = at;
+    slot.user_memory = user;
+    slot.staged = staged;
+    slot.direct = direct;
+    slot.retries = 0;
+    stage(slot);
+  }
+
+  bool ensure_staging() {
+    if (staging_) return true;
+    staging_.reset(static_cast<std::byte*>(
+        std::aligned_alloc(kBlock, static_cast<size_t>(slot_bytes_) * capacity_)));
+    return staging_ != nullptr;
+  }
+
+  void stage(Slot& slot) {
+    const int rc = backend_->prep(slot.request);
+    if (rc < 0) {
+      fail_request(slot, -rc, "the engine refused the request");
+      return;
+    }
+    ++staged_;
+    stats_.requests.fetch_add(1, std::memory_order_relaxed);
+    if (single_submit_) submit_staged();
+  }
+
+  void submit_staged() {
+    int attempts = 0;
+    while (staged_ > 0) {
+      const int rc = backend_->submit();
+      if (rc > 0) {
+        staged_ -= static_cast<unsigned>(rc);
+        in_kernel_ += static_cast<unsigned>(rc);
+        continue;
+      }
+      if (rc == 0 || rc == -EAGAIN || rc == -EBUSY || rc == -EINTR) {
+        if (in_kernel_ > 0) return;  // reaping makes room; submit again after it
+        if (++attempts <= kMaxRetries) {
+          std::this_thread::yield();
+          continue;
+        }
+      }
+      fail_engine(rc == 0 ? EAGAIN : -rc, "submit");
+      return;
+    }
+  }
+
+  void reap() {
+    const unsigned min_complete = overlap_events_ ? 1 : in_kernel_;
+    const int rc = backend_->reap(completions_, min_complete);
+    if (rc == -EINTR || rc == -EAGAIN) return;  // the loop comes back here
+    if (rc < 0) {
+      fail_engine(-rc, "reap");
+      return;
+    }
+    in_kernel_ -= static_cast<unsigned>(rc);
+    for (int i = 0; i < rc; ++i) {
+      const Completion& completion = completions_[static_cast<size_t>(i)];
+      if (completion.tag >= capacity_) continue;  // never happens with a correct engine
+      on_complete(slots_[completion.tag], completion.result);
+    }
+  }
+
+  void on_complete(Slot& slot, int64_t result) {
+    Request& request = slot.request;
+    if (result < 0) {
+      const int error = static_cast<int>(-result);
+      const bool transient = error == EINTR || error == EAGAIN;
+      if (transient && ++slot.retries <= kMaxRetries) {
+        stage(slot);
+      } else {
+        fail_request(slot, error, transient ? "still failing after retries" : "");
+      }
+      return;
+    }
+    const uint64_t moved = std::min<uint64_t>(static_cast<uint64_t>(result), request.bytes);
+    const uint64_t reached = request.offset + moved;
+    if (reached >= slot.need_end) {
+      finish_request(slot);
+      return;
+    }
+    // Short transfer: continue with the remainder. An O_DIRECT read that stops short of a
+    // block boundary (or any read returning 0) has hit the end of the file.
+    if (request.op == Op::kRead && (moved == 0 || (slot.direct && moved % kBlock != 0))) {
+      fail_request(slot, 0,
+                   "unexpected end of file at offset " + std::to_string(reached) +
+                       " (the file is shorter than the requested range)",
+                   reached, slot.need_end - reached);
+      return;
+    }
+    // O_DIRECT continuations restart at the last block boundary (re-sending a few bytes).
+    const uint64_t next = slot.direct ? align_down(reached) : reached;
+    if (next <= request.offset) {
+      if (++slot.retries > kMaxRetries) {
+        fail_request(slot, 0, "the transfer makes no progress");
+      } else {
+        stage(slot);
+      }
+      return;
+    }
+    const uint64_t advance = next - request.offset;
+    request.offset = next;
+    request.bytes -= static_cast<uint32_t>(advance);
+    slot.memory += advance;
+    request.buffer = slot.memory;
+    slot.retries = 0;
+    stage(slot);
+  }
+
+  void finish_request(Slot& slot) {
+    const uint64_t bytes = slot.need_end - slot.user_begin;
+    if (slot.request.op == Op::kRead) {
+      if (slot.staged) {
+        std::memcpy(slot.user_memory, slot.origin_memory + (slot.user_begin - slot.origin_offset),
+                    bytes);
+      }
+      stats_.bytes_read.fetch_add(bytes, std::memory_order_relaxed);
+    } else {
+      stats_.bytes_written.fetch_add(bytes, std::memory_order_relaxed);
+    }
+    if (slot.staged) stats_.bounced_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    release(slot);
+  }
+
+  void fail_request(Slot& slot, int error, const std::string& detail) {
+    fail_request(slot, error, detail, slot.request.offset, slot.request.bytes);
+  }
+
+  void fail_request(Slot& slot, int error, const std::string& detail, uint64_t offset,
+                    uint64_t length) {
+    Part& part = *slot.part;
+    if (!part.error) {
+      part.error = std::make_exception_ptr(IoError(std::string(to_string(slot.request.op)),
+                                                   part.transfer->file->path, offset, length, error,
+                                                   detail));
+    }
+    release(slot);
+  }
+
+  void fail_part(Part& part, int error, const std::string& detail) {
+    if (!part.error) {
+      part.error = std::make_exception_ptr(IoError(std::string(to_string(part.transfer->op)),
+                                                   part.transfer->file->path, part.cursor,
+                                                   part.end - part.cursor, error, detail));
+    }
+  }
+
+  void release(Slot& slot) {
+    --slot.part->in_flight;
+    slot.part = nullptr;
+    free_.push_back(static_cast<unsigned>(&slot - slots_.data()));
+  }
+
+  // The engine itself failed (not one request): fail everything this worker holds. Requests
+  // it had taken cannot be tracked any more; their slots are released.
+  void fail_engine(int error, const char* step) {
+    spdlog::error("aio: {} engine failed in {} ({}); failing its transfers", backend_->name(), step,
+                  std::strerror(error));
+    broken_error_ = error != 0 ? error : EIO;
+    for (Slot& slot : slots_) {
+      if (slot.part != nullptr) fail_request(slot, broken_error_, std::string("engine ") + step);
+    }
+    staged_ = 0;
+    in_kernel_ = 0;
+    for (Part* part : active_) fail_part(*part, broken_error_, "engine failed");
+  }
+
+  void retire_done_parts() {
+    auto it = active_.begin();
+    while (it != active_.end()) {
+      Part* part = *it;
+      if (part->in_flight == 0 && (part->error || part->cursor >= part->end)) {
+        it = active_.erase(it);
+        listener_.part_done(*part);  // the part may be destroyed from here on
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  PartListener& listener_;
+  const std::unique_ptr<Backend> backend_;
+  const bool single_submit_;
+  const bool overlap_events_;
+  const unsigned capacity_;
+  const uint64_t request_bytes_;  // block_size, capped at kMaxRequestBytes
+  const uint64_t slot_bytes_;     // staging memory per slot (multiple of 4096)
+  SharedStats& stats_;
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<Part*> queue_;         // guarded by mutex_
+  bool stopping_ = false;            // guarded by mutex_
+  std::atomic<bool> queued_{false};  // queue_ may be non-empty
+  std::thread thread_;
+
+  // Worker thread only:
+  std::vector<Part*> active_;
+  std::vector<Slot> slots_;
+  std::vector<unsigned> free_;
+  std::vector<Completion> completions_;
+  std::unique_ptr<std::byte, FreeDeleter> staging_;
+  unsigned staged_ = 0;     // prepped, not yet taken by submit()
+  unsigned in_kernel_ = 0;  // submitted, not yet reaped
+  int broken_error_ = 0;
+};
+
+}  // namespace
+
+class AioHandle::Impl final : public PartListener {
+ public:
+  Impl(AioConfig config, BackendFactory factory) : config_(std::move(config)) {
+    config_.validate();
+    if (!factory) factory = [](const AioConfig& c) { return make_backend(c); };
+    std::vector<std::unique_ptr<Backend>> backends;
+    for (int i = 0; i < config_.intra_op_parallelism; ++i) backends.push_back(factory(config_));
+    backend_name_ = std::string(backends.front()->name());
+    for (auto& backend : backends) {
+      workers_.push_back(std::make_unique<Worker>(*this, std::move(backend), config_, stats_));
+    }
+    for (auto& worker : workers_) worker->start();
+  }
+
+  ~Impl() {
+    for (auto& worker : workers_) worker->stop_and_join();
+    size_t failed = 0;
+    for (const auto& transfer : async_) failed += transfer->error ? 1 : 0;
+    if (failed > 0) {
+      spdlog::warn("aio: {} async transfer(s) failed and were never waited for", failed);
+    }
+  }
+
+  const AioConfig& config() const noexcept { return config_; }
+  std::string_view backend_name() const noexcept { return backend_name_; }
+
+  void run_sync(Op op, std::byte* buffer, uint64_t bytes, const std::string& path,
+                uint64_t offset) {
+    std::unique_ptr<Transfer> transfer = make_transfer(op, buffer, bytes, path, offset);
+    start(*transfer);
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [&] { return transfer->done; });
+    if (transfer->error) std::rethrow_exception(transfer->error);
+  }
+
+  void run_async(Op op, std::byte* buffer, uint64_t bytes, const std::string& path,
+                 uint64_t offset) {
+    std::unique_ptr<Transfer> transfer;
+    try {
+      transfer = make_transfer(op, buffer, bytes, path, offset);
+    } catch (...) {
+      // Reported by wait(), like every other failure of an async transfer.
+      transfer = std::make_unique<Transfer>();
+      transfer->done = true;
+      transfer->error = std::current_exception();
+    }
+    transfer->async = true;
+    Transfer& ref = *transfer;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      async_.push_back(std::move(transfer));
+      if (!ref.parts.empty()) ++async_outstanding_;
+    }
+    start(ref);
+  }
+
+  int wait() {
+    std::vector<std::unique_ptr<Transfer>> ended;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      done_cv_.wait(lock, [this] { return async_outstanding_ == 0; });
+      ended.swap(async_);
+    }
+    for (const auto& transfer : ended) {
+      if (transfer->error) std::rethrow_exception(transfer->error);
+    }
+    return static_cast<int>(ended.size());
+  }
+
+  int pending() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return static_cast<int>(async_.size());
+  }
+
+  std::vector<std::string> buffered_paths() const { return files_.buffered_paths(); }
+
+  AioStats stats() const {
+    return AioStats{.bytes_read = stats_.bytes_read.load(std::memory_order_relaxed),
+                    .bytes_written = stats_.bytes_written.load(std::memory_order_relaxed),
+                    .requests = stats_.requests.load(std::memory_order_relaxed),
+                    .bounced_bytes = stats_.bounced_bytes.load(std::memory_order_relaxed)};
+  }
+
+  void close_file(const std::string& path) { files_.close(path); }
+
+  void part_done(Part& part) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Transfer& transfer = *part.transfer;
+    if (part.error && !transfer.error) transfer.error = part.error;
+    if (--transfer.parts_left == 0) {
+      transfer.done = true;
+      if (transfer.async) --async_outstanding_;
+      done_cv_.notify_all();
+    }
+  }
+
+ private:
+  // Opens the file and cuts [offset, offset + bytes) into one part per worker, boundaries on
+  // 4096-byte file offsets. Throws IoError.
+  std::unique_ptr<Transfer> make_transfer(Op op, std::byte* buffer, uint64_t bytes,
+                                          const std::string& path, uint64_t offset) {
+    constexpr auto kMaxOffset = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+    if (offset > kMaxOffset || bytes > kMaxOffset - offset) {
+      throw IoError(std::string(to_string(op)), path, offset, bytes, EFBIG,
+                    "the range ends beyond the largest file offset");
+    }
+    if (buffer == nullptr && bytes > 0) {
+      throw IoError(std::string(to_string(op)), path, offset, bytes, EFAULT, "null buffer");
+    }
+    auto transfer = std::make_unique<Transfer>();
+    transfer->op = op;
+    transfer->file = files_.get(path, op == Op::kWrite);
+    const uint64_t count = workers_.size();
+    const uint64_t end = offset + bytes;
+    const bool congruent = (reinterpret_cast<uintptr_t>(buffer) - offset) % kBlock == 0;
+    transfer->parts.reserve(count);
+    uint64_t previous = offset;
+    for (uint64_t i = 1; i <= count; ++i) {
+      // offset + bytes * i / count, without overflowing 64 bits.
+      const uint64_t share = bytes / count * i + bytes % count * i / count;
+      const uint64_t boundary = i == count ? end : std::max(previous, align_down(offset + share));
+      if (boundary > previous) {
+        Part& part = transfer->parts.emplace_back();
+        part.transfer = transfer.get();
+        part.worker = static_cast<size_t>(i - 1);
+        part.begin = previous;
+        part.end = boundary;
+        part.memory = buffer + (previous - offset);
+        part.congruent = congruent;
+      }
+      previous = boundary;
+    }
+    transfer->parts_left = transfer->parts.size();
+    transfer->done = transfer->parts.empty();
+    return transfer;
+  }
+
+  void start(Transfer& transfer) {
+    for (Part& part : transfer.parts) workers_[part.worker]->enqueue(&part);
+  }
+
+  AioConfig config_;
+  std::string backend_name_;
+  SharedStats stats_;
+  FileCache files_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable done_cv_;
+  std::vector<std::unique_ptr<Transfer>> async_;  // guarded by mutex_; not yet collected
+  size_t async_outstanding_ = 0;                  // guarded by mutex_; async_ not yet done
+};
+
+AioHandle::AioHandle(AioConfig config) : AioHandle(std::move(config), nullptr) {}
+
+AioHandle::AioHandle(AioConfig config, BackendFactory factory)
+    : impl_(std::make_unique<Impl>(std::move(config), std::move(factory))) {}
+
+AioHandle::~AioHandle() = default;
+
+const AioConfig& AioHandle::config() const noexcept { return impl_->config(); }
+
+std::string_view AioHandle::backend_name() const noexcept { return impl_->backend_name(); }
+
+void AioHandle::pread(void* buffer, uint64_t bytes, const std::string& path, uint64_t file_offset) {
+  impl_->run_sync(Op::kRead, static_cast<std::byte*>(buffer), bytes, path, file_offset);
+}
+
+void AioHandle::pwrite(const void* buffer, uint64_t bytes, const std::string& path,
+                       uint64_t file_offset) {
+  // Writes only read from the buffer; the shared transfer type holds a mutable pointer.
+  impl_->run_sync(Op::kWrite, static_cast<std::byte*>(const_cast<void*>(buffer)), bytes, path,
+                  file_offset);
+}
+
+void AioHandle::async_pread(void* buffer, uint64_t bytes, const std::string& path,
+                            uint64_t file_offset) {
+  impl_->run_async(Op::kRead, static_cast<std::byte*>(buffer), bytes, path, file_offset);
+}
+
+void AioHandle::async_pwrite(const void* buffer, uint64_t bytes, const std::string& path,
+                             uint64_t file_offset) {
+  impl_->run_async(Op::kWrite, static_cast<std::byte*>(const_cast<void*>(buffer)), bytes, path,
+                   file_offset);
+}
+
+int AioHandle::wait() { return impl_->wait(); }
+
+int AioHandle::pending() const { return impl_->pending(); }
+
+std::vector<std::string> AioHandle::buffered_paths() const { return impl_->buffered_paths(); }
+
+AioStats AioHandle::stats() const { return impl_->stats(); }
+
+void AioHandle::close_file(const std::string& path) { impl_->close_file(path); }
+
+}  // namespace zinf::aio
