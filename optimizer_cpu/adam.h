@@ -15,6 +15,7 @@
 // Thread-safety: see optimizer.h (step() may run concurrently on disjoint arrays).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string_view>
@@ -57,6 +58,7 @@ class AdamOptimizer final : public Optimizer {
   struct StepCoefficients;
   StepCoefficients prepare(std::int64_t step);
 
+  std::atomic<bool> adamw_mode_;  // mirrors config_.adamw_mode for name()
   mutable std::mutex mu_;
   AdamConfig config_;             // guarded by mu_
   std::int64_t cached_step_ = 0;  // guarded by mu_; step the powers below belong to
