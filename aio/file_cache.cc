@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 
 #include "aio/error.h"
@@ -12,8 +13,13 @@
 namespace zinf::aio {
 namespace {
 
-// open(2) with EINTR retried; returns the fd or -errno.
+std::atomic<OpenFunction> g_open_function{nullptr};
+
+// open(2) (or the test seam) with EINTR retried; returns the fd or -errno.
 int open_retry(const std::string& path, int flags) {
+  if (OpenFunction function = g_open_function.load(std::memory_order_acquire)) {
+    return function(path.c_str(), flags | O_CLOEXEC, 0644);
+  }
   for (;;) {
     const int fd = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
     if (fd >= 0) return fd;
@@ -22,6 +28,10 @@ int open_retry(const std::string& path, int flags) {
 }
 
 }  // namespace
+
+void set_open_function_for_testing(OpenFunction function) {
+  g_open_function.store(function, std::memory_order_release);
+}
 
 std::shared_ptr<const FileEntry> FileCache::get(const std::string& path, bool writable) {
   std::lock_guard<std::mutex> lock(mutex_);

@@ -21,6 +21,12 @@
 
 namespace zinf::aio {
 
+// Test seam: replaces open(2) for every FileCache of the process (nullptr restores it). The
+// function returns a descriptor or -errno. Lets tests refuse O_DIRECT on a filesystem that
+// accepts it (tmpfs does since Linux 6.6). Set it only while no handle is opening files.
+using OpenFunction = int (*)(const char* path, int flags, unsigned mode);
+void set_open_function_for_testing(OpenFunction function);
+
 // Owns one file descriptor; closes it on destruction.
 class UniqueFd {
  public:

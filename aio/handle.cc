@@ -340,10 +340,9 @@ class Worker {
     // Short transfer: continue with the remainder. An O_DIRECT read that stops short of a
     // block boundary (or any read returning 0) has hit the end of the file.
     if (request.op == Op::kRead && (moved == 0 || (slot.direct && moved % kBlock != 0))) {
-      fail_request(slot, 0,
-                   "unexpected end of file at offset " + std::to_string(reached) +
-                       " (the file is shorter than the requested range)",
-                   reached, slot.need_end - reached);
+      fail_request(
+          slot, 0, "unexpected end of file (the file ends before the requested range does)",
+          std::max(reached, slot.user_begin), slot.need_end - std::max(reached, slot.user_begin));
       return;
     }
     // O_DIRECT continuations restart at the last block boundary (re-sending a few bytes).
@@ -380,8 +379,10 @@ class Worker {
     release(slot);
   }
 
+  // Reports the user's bytes the request carries (a bounce read starts before them).
   void fail_request(Slot& slot, int error, const std::string& detail) {
-    fail_request(slot, error, detail, slot.request.offset, slot.request.bytes);
+    const uint64_t offset = std::max(slot.request.offset, slot.user_begin);
+    fail_request(slot, error, detail, offset, slot.need_end - std::min(offset, slot.need_end));
   }
 
   void fail_request(Slot& slot, int error, const std::string& detail, uint64_t offset,
