@@ -34,14 +34,14 @@ std::string_view to_string(Op op);  // "read" / "write"
 
 struct Request {
   Op op = Op::kRead;
-  int fd = -1;             // used unless file_index >= 0
-  int file_index = -1;     // slot in register_files(), or -1
-  int buffer_index = -1;   // slot in register_buffers() containing `buffer`, or -1
-  void* buffer = nullptr;  // source (write) or destination (read)
-  uint32_t bytes = 0;      // transfer length; at most kMaxRequestBytes
-  uint64_t offset = 0;     // file offset in bytes
-  uint64_t tag = 0;        // returned unchanged in the completion
-  std::string_view path;   // for diagnostics and fault matching only; never opened
+  int fd = -1;              // used unless file_index >= 0
+  int file_index = -1;      // slot in register_files(), or -1
+  int buffer_index = -1;    // slot in register_buffers() containing `buffer`, or -1
+  void* buffer = nullptr;   // source (write) or destination (read)
+  uint32_t bytes = 0;       // transfer length; at most kMaxRequestBytes
+  uint64_t offset = 0;      // file offset in bytes
+  uint64_t tag = 0;         // returned unchanged in the completion
+  std::string_view path{};  // for diagnostics and fault matching only; never opened
 };
 
 struct Completion {

@@ -38,8 +38,8 @@ enum class FaultKind : uint8_t {
 };
 
 struct FaultRule {
-  std::optional<Op> op;       // nullopt: reads and writes
-  std::string path;           // substring of Request::path; empty: any file
+  std::optional<Op> op{};     // nullopt: reads and writes
+  std::string path{};         // substring of Request::path; empty: any file
   int fd = -1;                // -1: any descriptor
   uint64_t offset_begin = 0;  // the request's [offset, offset + bytes) must intersect
   uint64_t offset_end = std::numeric_limits<uint64_t>::max();  // [offset_begin, offset_end)
