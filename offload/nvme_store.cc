@@ -1,0 +1,490 @@
+#include "offload/nvme_store.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "aio/error.h"
+#include "aio/pinned_buffer.h"
+#include "offload/error.h"
+
+namespace zinf::offload {
+namespace {
+
+constexpr uint64_t kExtentAlignment = 4096;
+
+uint64_t round_up(uint64_t bytes) {
+  return (bytes + kExtentAlignment - 1) / kExtentAlignment * kExtentAlignment;
+}
+
+uint64_t hash_of(const void* data, uint64_t bytes) { return XXH3_64bits(data, bytes); }
+
+std::string errno_text(int error) { return std::string(std::strerror(error)); }
+
+std::string hex(uint64_t value) {
+  char text[19];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
+// mkdir that accepts an existing directory; throws kIo otherwise.
+void make_directory(const std::string& path) {
+  if (::mkdir(path.c_str(), 0755) == 0) {
+    return;
+  }
+  const int error = errno;
+  struct stat st {};
+  if (error == EEXIST && ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return;
+  }
+  throw OffloadError(ErrorKind::kIo,
+                     "cannot create swap directory " + path + ": " + errno_text(error));
+}
+
+}  // namespace
+
+// ---- Queue ---------------------------------------------------------------------------
+
+NvmeStore::Queue::Queue(NvmeStore& store)
+    : store_(store),
+      io_(store.config_.backend_factory
+              ? aio::AioHandle(store.config_.aio, store.config_.backend_factory)
+              : aio::AioHandle(store.config_.aio)) {}
+
+NvmeStore::Queue::~Queue() {
+  if (pending_.empty()) {
+    return;
+  }
+  try {
+    wait();  // never abandon buffers the kernel may still write
+  } catch (const std::exception& e) {
+    spdlog::error("zinf offload: swap transfers abandoned at queue destruction: {}", e.what());
+  }
+}
+
+void NvmeStore::Queue::async_read(ExtentId id, void* buffer) {
+  uint64_t bytes = 0;
+  {
+    std::lock_guard lock(store_.mutex_);
+    bytes = store_.extents_.size() > id ? store_.extents_[id].info.bytes : 0;
+  }
+  async_transfer(id, 0, bytes, buffer, /*is_write=*/false);
+}
+
+void NvmeStore::Queue::async_write(ExtentId id, const void* buffer) {
+  uint64_t bytes = 0;
+  {
+    std::lock_guard lock(store_.mutex_);
+    bytes = store_.extents_.size() > id ? store_.extents_[id].info.bytes : 0;
+  }
+  async_transfer(id, 0, bytes, const_cast<void*>(buffer), /*is_write=*/true);
+}
+
+void NvmeStore::Queue::async_transfer(ExtentId id, uint64_t offset, uint64_t bytes, void* buffer,
+                                      bool is_write) {
+  Pending pending{id, is_write, buffer, offset, bytes, 0, false, 0};
+  {
+    std::lock_guard lock(store_.mutex_);
+    Extent& extent = store_.checked(id, offset, bytes, is_write ? "write" : "read");
+    pending.file_offset = extent.info.file_offset + offset;
+    const bool whole = offset == 0 && bytes == extent.info.bytes;
+    if (is_write) {
+      if (!whole && extent.state != ExtentState::kValid) {
+        throw OffloadError(ErrorKind::kUsage,
+                           "partial write to an extent without valid contents in " + store_.path_ +
+                               " at offset " + std::to_string(extent.info.file_offset));
+      }
+      store_.reserve_locked();
+      extent.in_flight_write = true;
+    } else {
+      if (extent.state == ExtentState::kEmpty) {
+        throw OffloadError(ErrorKind::kUsage, "read of a never-written extent in " + store_.path_ +
+                                                  " at offset " +
+                                                  std::to_string(extent.info.file_offset));
+      }
+      if (extent.state == ExtentState::kTorn) {
+        throw OffloadError(ErrorKind::kCorrupt,
+                           "extent in swap file " + store_.path_ + " at offset " +
+                               std::to_string(extent.info.file_offset) + " (" +
+                               std::to_string(extent.info.bytes) +
+                               " bytes) is torn: its last write did not complete");
+      }
+      if (store_.config_.checksums && whole) {
+        pending.verify = true;
+        pending.checksum = extent.checksum;
+      }
+    }
+  }
+  if (is_write && store_.config_.checksums) {
+    pending.checksum = hash_of(buffer, bytes);  // the source must stay untouched until wait
+  }
+  pending_.push_back(pending);
+  try {
+    if (is_write) {
+      io_.async_pwrite(buffer, bytes, store_.path_, pending.file_offset);
+    } else {
+      io_.async_pread(buffer, bytes, store_.path_, pending.file_offset);
+    }
+  } catch (...) {
+    pending_.pop_back();
+    if (is_write) {
+      std::lock_guard lock(store_.mutex_);
+      store_.extents_[id].in_flight_write = false;
+    }
+    throw;
+  }
+}
+
+void NvmeStore::Queue::wait() {
+  std::optional<OffloadError> error;
+  try {
+    (void)io_.wait();
+  } catch (const aio::IoError& e) {
+    error.emplace(ErrorKind::kIo, std::string("I/O error on swap file: ") + e.what());
+  } catch (const std::exception& e) {
+    error.emplace(ErrorKind::kIo,
+                  std::string("I/O error on swap file ") + store_.path_ + ": " + e.what());
+  }
+  // Verify reads outside the store's lock: hashing is the expensive part.
+  if (!error) {
+    for (const Pending& p : pending_) {
+      if (p.is_write || !p.verify) {
+        continue;
+      }
+      const uint64_t actual = hash_of(p.buffer, p.bytes);
+      if (actual != p.checksum) {
+        error.emplace(ErrorKind::kCorrupt,
+                      "checksum mismatch in swap file " + store_.path_ + " at offset " +
+                          std::to_string(p.file_offset) + " (" + std::to_string(p.bytes) +
+                          " bytes): written xxh3 " + hex(p.checksum) + ", read " + hex(actual));
+        break;
+      }
+    }
+  }
+  {
+    std::lock_guard lock(store_.mutex_);
+    for (const Pending& p : pending_) {
+      Extent& extent = store_.extents_[p.id];
+      if (p.is_write) {
+        extent.in_flight_write = false;
+        if (error && error->kind() == ErrorKind::kIo) {
+          extent.state = ExtentState::kTorn;  // which write failed is unknown: all suspect
+        } else {
+          extent.state = ExtentState::kValid;
+          if (p.offset == 0 && p.bytes == extent.info.bytes) {
+            extent.checksum = p.checksum;
+          }
+          store_.bytes_written_ += p.bytes;
+          ++store_.writes_;
+        }
+      } else if (!error) {
+        store_.bytes_read_ += p.bytes;
+        ++store_.reads_;
+      }
+    }
+  }
+  pending_.clear();
+  if (error) {
+    throw *error;
+  }
+}
+
+// ---- NvmeStore -------------------------------------------------------------------------
+
+NvmeStore::NvmeStore(NvmeStoreConfig config) : config_(std::move(config)) {
+  if (config_.nvme_path.empty()) {
+    throw OffloadError(ErrorKind::kConfig, "nvme_path is empty: the nvme device needs a path");
+  }
+  if (config_.rank < 0) {
+    throw OffloadError(ErrorKind::kConfig, "rank " + std::to_string(config_.rank) + " < 0");
+  }
+  config_.aio.validate();
+  const std::string swap_root = config_.nvme_path + "/zinf_swap";
+  directory_ = swap_root + "/rank" + std::to_string(config_.rank);
+  path_ = directory_ + "/" + config_.name + ".swp";
+  lock_path_ = directory_ + "/" + config_.name + ".lock";
+  struct stat st {};
+  if (::stat(config_.nvme_path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    throw OffloadError(ErrorKind::kConfig,
+                       "nvme_path " + config_.nvme_path + " is not an existing directory");
+  }
+  make_directory(swap_root);
+  make_directory(directory_);
+  take_lock_and_replace_stale();
+  sync_queue_ = make_queue();
+}
+
+NvmeStore::~NvmeStore() {
+  sync_queue_.reset();
+  if (file_fd_ >= 0) {
+    ::close(file_fd_);
+  }
+  ::unlink(path_.c_str());
+  ::unlink(lock_path_.c_str());
+  if (lock_fd_ >= 0) {
+    ::close(lock_fd_);
+  }
+  // Removed only when empty: other stores of this rank may still live there.
+  ::rmdir(directory_.c_str());
+  ::rmdir((config_.nvme_path + "/zinf_swap").c_str());
+}
+
+void NvmeStore::take_lock_and_replace_stale() {
+  lock_fd_ = ::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd_ < 0) {
+    throw OffloadError(ErrorKind::kIo,
+                       "cannot open swap lock file " + lock_path_ + ": " + errno_text(errno));
+  }
+  int rc = 0;
+  do {
+    rc = ::flock(lock_fd_, LOCK_EX | LOCK_NB);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    const int error = errno;
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+    throw OffloadError(ErrorKind::kIo, "swap file " + path_ +
+                                           " is in use by another live process (lock " +
+                                           lock_path_ + ": " + errno_text(error) +
+                                           "); give each run its own nvme_path or rank");
+  }
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) == 0) {
+    replaced_stale_ = true;
+    spdlog::warn(
+        "zinf offload: {} ({} bytes) is left over from a run that did not exit cleanly; "
+        "replacing it",
+        path_, static_cast<uint64_t>(st.st_size));
+    if (::unlink(path_.c_str()) != 0) {
+      throw OffloadError(ErrorKind::kIo,
+                         "cannot remove stale swap file " + path_ + ": " + errno_text(errno));
+    }
+  }
+  file_fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (file_fd_ < 0) {
+    throw OffloadError(ErrorKind::kIo,
+                       "cannot create swap file " + path_ + ": " + errno_text(errno));
+  }
+}
+
+NvmeStore::Extent& NvmeStore::checked(ExtentId id, uint64_t offset, uint64_t bytes,
+                                      const char* op) {
+  if (id >= extents_.size() || extents_[id].state == ExtentState::kFree) {
+    throw OffloadError(ErrorKind::kUsage, std::string(op) + " of unknown extent id " +
+                                              std::to_string(id) + " in " + path_);
+  }
+  Extent& extent = extents_[id];
+  if (offset > extent.info.bytes || bytes > extent.info.bytes - offset) {
+    throw OffloadError(ErrorKind::kUsage,
+                       std::string(op) + " of " + std::to_string(bytes) + " bytes at " +
+                           std::to_string(offset) + " exceeds the extent's " +
+                           std::to_string(extent.info.bytes) + " bytes in " + path_);
+  }
+  if (extent.in_flight_write) {
+    throw OffloadError(ErrorKind::kUsage, std::string(op) + " of extent at offset " +
+                                              std::to_string(extent.info.file_offset) + " in " +
+                                              path_ + " while a write to it is in flight");
+  }
+  return extent;
+}
+
+ExtentId NvmeStore::allocate(uint64_t bytes) {
+  if (bytes == 0) {
+    throw OffloadError(ErrorKind::kUsage, "extent of 0 bytes requested in " + path_);
+  }
+  const uint64_t capacity = round_up(bytes);
+  std::lock_guard lock(mutex_);
+  uint64_t offset = end_;
+  for (auto it = free_spans_.begin(); it != free_spans_.end(); ++it) {
+    if (it->second >= capacity) {
+      offset = it->first;
+      const uint64_t rest = it->second - capacity;
+      free_spans_.erase(it);
+      if (rest > 0) {
+        free_spans_.emplace(offset + capacity, rest);
+      }
+      break;
+    }
+  }
+  if (offset == end_) {
+    end_ += capacity;
+  }
+  Extent extent;
+  extent.info = {offset, bytes, capacity};
+  extent.state = ExtentState::kEmpty;
+  extents_.push_back(extent);
+  return static_cast<ExtentId>(extents_.size() - 1);
+}
+
+void NvmeStore::free(ExtentId id) {
+  std::lock_guard lock(mutex_);
+  Extent& extent = checked(id, 0, 0, "free");
+  extent.state = ExtentState::kFree;
+  uint64_t offset = extent.info.file_offset;
+  uint64_t capacity = extent.info.capacity;
+  // Merge with the neighbouring free spans.
+  auto next = free_spans_.lower_bound(offset);
+  if (next != free_spans_.end() && next->first == offset + capacity) {
+    capacity += next->second;
+    next = free_spans_.erase(next);
+  }
+  if (next != free_spans_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == offset) {
+      offset = prev->first;
+      capacity += prev->second;
+      free_spans_.erase(prev);
+    }
+  }
+  free_spans_.emplace(offset, capacity);
+}
+
+ExtentInfo NvmeStore::extent(ExtentId id) const {
+  std::lock_guard lock(mutex_);
+  if (id >= extents_.size() || extents_[id].state == ExtentState::kFree) {
+    throw OffloadError(ErrorKind::kUsage,
+                       "unknown extent id " + std::to_string(id) + " in " + path_);
+  }
+  return extents_[id].info;
+}
+
+void NvmeStore::reserve() {
+  std::lock_guard lock(mutex_);
+  reserve_locked();
+}
+
+void NvmeStore::reserve_locked() {
+  if (end_ <= reserved_) {
+    return;
+  }
+  const uint64_t needed = end_ - reserved_;
+  struct statvfs fs {};
+  if (::fstatvfs(file_fd_, &fs) != 0) {
+    throw OffloadError(ErrorKind::kIo,
+                       "statvfs of swap file " + path_ + " failed: " + errno_text(errno));
+  }
+  const uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
+  if (needed > free_bytes) {
+    throw OffloadError(ErrorKind::kSpace, "not enough free space for swap file " + path_ +
+                                              ": needs " + std::to_string(needed) +
+                                              " more bytes (" + std::to_string(end_) +
+                                              " in total), the file system has " +
+                                              std::to_string(free_bytes) + " bytes free");
+  }
+  int rc = 0;
+  do {
+    rc = ::fallocate(file_fd_, 0, static_cast<off_t>(reserved_), static_cast<off_t>(needed));
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    const int error = errno;
+    if (error == ENOSPC) {
+      throw OffloadError(ErrorKind::kSpace, "not enough free space for swap file " + path_ +
+                                                ": reserving " + std::to_string(needed) +
+                                                " bytes failed: " + errno_text(error));
+    }
+    if (error != EOPNOTSUPP) {
+      throw OffloadError(ErrorKind::kIo,
+                         "fallocate of swap file " + path_ + " failed: " + errno_text(error));
+    }
+    if (::ftruncate(file_fd_, static_cast<off_t>(end_)) != 0) {  // no fallocate here
+      throw OffloadError(ErrorKind::kIo,
+                         "ftruncate of swap file " + path_ + " failed: " + errno_text(errno));
+    }
+  }
+  reserved_ = end_;
+}
+
+void NvmeStore::write(ExtentId id, const void* buffer) {
+  std::lock_guard lock(sync_mutex_);
+  sync_queue_->async_write(id, buffer);
+  sync_queue_->wait();
+}
+
+void NvmeStore::read(ExtentId id, void* buffer) {
+  std::lock_guard lock(sync_mutex_);
+  sync_queue_->async_read(id, buffer);
+  sync_queue_->wait();
+}
+
+void NvmeStore::write_range(ExtentId id, uint64_t offset, const void* buffer, uint64_t bytes) {
+  const ExtentInfo info = extent(id);
+  ExtentState state = ExtentState::kEmpty;
+  {
+    std::lock_guard lock(mutex_);
+    state = checked(id, offset, bytes, "write").state;
+  }
+  std::lock_guard lock(sync_mutex_);
+  if (offset == 0 && bytes == info.bytes) {
+    sync_queue_->async_write(id, buffer);
+    sync_queue_->wait();
+    return;
+  }
+  if (state == ExtentState::kValid && !config_.checksums) {
+    sync_queue_->async_transfer(id, offset, bytes, const_cast<void*>(buffer), true);
+    sync_queue_->wait();
+    return;
+  }
+  // Read-modify-write of the whole extent: keeps its checksum whole, and zero-fills a
+  // never-written extent rather than leaving what a freed extent held before.
+  aio::PinnedBuffer whole(info.capacity);
+  if (state == ExtentState::kEmpty) {
+    std::memset(whole.data(), 0, whole.capacity());
+  } else {
+    sync_queue_->async_read(id, whole.data());
+    sync_queue_->wait();
+  }
+  std::memcpy(whole.data() + offset, buffer, bytes);
+  sync_queue_->async_write(id, whole.data());
+  sync_queue_->wait();
+}
+
+void NvmeStore::read_range(ExtentId id, uint64_t offset, void* buffer, uint64_t bytes) {
+  const ExtentInfo info = extent(id);
+  std::lock_guard lock(sync_mutex_);
+  if (!config_.checksums || (offset == 0 && bytes == info.bytes)) {
+    sync_queue_->async_transfer(id, offset, bytes, buffer, false);
+    sync_queue_->wait();
+    return;
+  }
+  aio::PinnedBuffer whole(info.capacity);
+  sync_queue_->async_read(id, whole.data());
+  sync_queue_->wait();
+  std::memcpy(buffer, whole.data() + offset, bytes);
+}
+
+std::unique_ptr<NvmeStore::Queue> NvmeStore::make_queue() {
+  return std::unique_ptr<Queue>(new Queue(*this));
+}
+
+NvmeStoreStats NvmeStore::stats() const {
+  NvmeStoreStats stats;
+  {
+    std::lock_guard lock(mutex_);
+    stats.bytes_read = bytes_read_;
+    stats.bytes_written = bytes_written_;
+    stats.reads = reads_;
+    stats.writes = writes_;
+    stats.file_bytes = end_;
+    stats.reserved_bytes = reserved_;
+  }
+  stats.replaced_stale = replaced_stale_;
+  if (sync_queue_) {
+    stats.buffered = !sync_queue_->io_.buffered_paths().empty();
+  }
+  return stats;
+}
+
+}  // namespace zinf::offload

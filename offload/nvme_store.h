@@ -1,0 +1,193 @@
+// NvmeStore: one rank's swap file for tensors offloaded to NVMe, cut into extents.
+//
+// The file is `<nvme_path>/zinf_swap/rank<r>/<name>.swp`. Extents are handed out by a
+// first-fit allocator (freed extents are reused, neighbours merged) at offsets and
+// capacities that are multiples of 4096 bytes, so every transfer is O_DIRECT-ready; the
+// bytes move through aio::AioHandle (io_uring/libaio/psync, buffered fallback on tmpfs).
+//
+// Space: allocate() is bookkeeping only. Before the first write after the allocated size
+// grew, the store checks the free space of the file system against the bytes it still
+// needs (statvfs) and fails with OffloadError(kSpace) naming the path, the needed and the
+// free bytes; then it reserves them with fallocate, so an ENOSPC cannot strike mid-run.
+// reserve() runs the same check on demand (e.g. at start-up, before any work).
+//
+// Lifetime on disk: a `<name>.lock` beside the file is flock()ed while the store lives. A
+// swap file whose lock nobody holds is left over from a crashed run: it is reported (one
+// warning) and replaced. A lock held by a live process is an error. The destructor (clean
+// exit) removes the file, the lock and the directories it made, when empty.
+//
+// Integrity: every extent remembers whether its last write completed; reading one whose
+// write failed (a torn extent) or that was never written is an error, never stale bytes.
+// With `checksums`, an xxh3-64 of each extent is taken when it is written and verified when
+// it is read: a mismatch is OffloadError(kCorrupt) naming the file and offset.
+//
+// Thread safety: every method of NvmeStore may be called from any thread. A Queue belongs
+// to one thread at a time; several queues may run concurrently on one store, provided no
+// extent is read or written by two of them at once. Queues must not outlive their store.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "aio/config.h"
+#include "aio/handle.h"
+
+namespace zinf::offload {
+
+struct NvmeStoreConfig {
+  std::string nvme_path;       // offload_*.nvme_path: the directory that receives zinf_swap/
+  int rank = 0;                // picks rank<r>/
+  std::string name = "store";  // file stem: <name>.swp, <name>.lock
+  aio::AioConfig aio;          // the `aio` config block
+  bool checksums = false;      // xxh3-64 per extent, verified on read
+  // Builds each aio worker's backend; empty: aio's default for `aio.backend`. Tests pass a
+  // fault-injecting factory here.
+  aio::BackendFactory backend_factory;
+};
+
+using ExtentId = uint32_t;
+
+struct ExtentInfo {
+  uint64_t file_offset = 0;  // bytes; multiple of 4096
+  uint64_t bytes = 0;        // as allocated
+  uint64_t capacity = 0;     // bytes reserved in the file; multiple of 4096
+};
+
+struct NvmeStoreStats {
+  uint64_t bytes_read = 0;
+  uint64_t bytes_written = 0;
+  uint64_t reads = 0;           // extent reads completed (verified when checksums are on)
+  uint64_t writes = 0;          // extent writes completed
+  uint64_t file_bytes = 0;      // size of the swap file's allocated span
+  uint64_t reserved_bytes = 0;  // bytes fallocated so far
+  bool buffered = false;        // the file system refused O_DIRECT (tmpfs)
+  bool replaced_stale = false;  // a swap file from a crashed run was found and replaced
+};
+
+class NvmeStore {
+ public:
+  // A batch of asynchronous extent transfers with its own aio handle (own worker threads),
+  // so a reader and a writer can wait for their own transfers only.
+  class Queue {
+   public:
+    ~Queue();
+    Queue(const Queue&) = delete;
+    Queue& operator=(const Queue&) = delete;
+
+    // Queue a transfer of the whole extent (its allocated bytes) and return at once.
+    // `buffer` must hold ExtentInfo::bytes bytes and stay untouched until wait() returns.
+    // A write first reserves file space if needed (may throw kSpace).
+    void async_read(ExtentId id, void* buffer);
+    void async_write(ExtentId id, const void* buffer);
+
+    // Waits for every queued transfer. On success reads are verified (checksums) and
+    // writes recorded. If any transfer failed, all are still waited for, every write of
+    // the batch is marked torn, and the first error is thrown: OffloadError(kIo) for an I/O
+    // error, kCorrupt for a checksum mismatch or a torn/never-written source extent.
+    void wait();
+
+    [[nodiscard]] size_t pending() const noexcept { return pending_.size(); }
+
+   private:
+    friend class NvmeStore;
+    explicit Queue(NvmeStore& store);
+
+    struct Pending {
+      ExtentId id;
+      bool is_write;
+      void* buffer;
+      uint64_t offset;  // bytes into the extent
+      uint64_t bytes;
+      uint64_t checksum;     // writes: hash of the source; reads: the expected hash
+      bool verify;           // a whole-extent read under checksums
+      uint64_t file_offset;  // for messages
+    };
+
+    // Any part of an extent; whole-extent reads are verified when checksums are on.
+    void async_transfer(ExtentId id, uint64_t offset, uint64_t bytes, void* buffer, bool is_write);
+
+    NvmeStore& store_;
+    aio::AioHandle io_;
+    std::vector<Pending> pending_;
+  };
+
+  // Creates the directory, takes the lock, replaces a stale swap file. Throws
+  // OffloadError(kConfig) for an empty nvme_path, kIo when the directory or lock file
+  // cannot be made or another live process holds the lock; std::invalid_argument for a bad
+  // aio config.
+  explicit NvmeStore(NvmeStoreConfig config);
+  ~NvmeStore();
+
+  NvmeStore(const NvmeStore&) = delete;
+  NvmeStore& operator=(const NvmeStore&) = delete;
+
+  [[nodiscard]] const std::string& path() const noexcept { return path_; }
+  [[nodiscard]] const std::string& directory() const noexcept { return directory_; }
+  [[nodiscard]] const NvmeStoreConfig& config() const noexcept { return config_; }
+
+  // Reserves an extent of `bytes` bytes (> 0) in the file (bookkeeping only).
+  [[nodiscard]] ExtentId allocate(uint64_t bytes);
+  // Returns the extent's space for reuse; the id becomes invalid.
+  void free(ExtentId id);
+  [[nodiscard]] ExtentInfo extent(ExtentId id) const;
+
+  // Checks free space for everything allocated and not yet reserved, and reserves it.
+  // Throws OffloadError(kSpace) naming path, needed and free bytes.
+  void reserve();
+
+  // Synchronous whole-extent transfers (see Queue for the errors).
+  void write(ExtentId id, const void* buffer);
+  void read(ExtentId id, void* buffer);
+
+  // Synchronous transfer of part of an extent: `bytes` at `offset` bytes into it. With
+  // checksums a partial write reads, verifies, patches and rewrites the whole extent. A
+  // partial write to a never-written extent leaves the rest zero.
+  void write_range(ExtentId id, uint64_t offset, const void* buffer, uint64_t bytes);
+  void read_range(ExtentId id, uint64_t offset, void* buffer, uint64_t bytes);
+
+  [[nodiscard]] std::unique_ptr<Queue> make_queue();
+
+  [[nodiscard]] NvmeStoreStats stats() const;
+
+ private:
+  enum class ExtentState : uint8_t { kFree, kEmpty, kValid, kTorn };
+  struct Extent {
+    ExtentInfo info;
+    ExtentState state = ExtentState::kFree;
+    uint64_t checksum = 0;
+    bool in_flight_write = false;
+  };
+
+  // Caller holds mutex_.
+  Extent& checked(ExtentId id, uint64_t offset, uint64_t bytes, const char* op);
+  void reserve_locked();
+  void take_lock_and_replace_stale();
+
+  const NvmeStoreConfig config_;
+  std::string directory_;
+  std::string path_;
+  std::string lock_path_;
+  std::vector<std::string> made_directories_;  // deepest last; removed when empty
+  int lock_fd_ = -1;
+  int file_fd_ = -1;  // kept open for fallocate
+
+  mutable std::mutex mutex_;
+  std::vector<Extent> extents_;              // guarded by mutex_; index = ExtentId
+  std::map<uint64_t, uint64_t> free_spans_;  // guarded by mutex_: offset -> capacity
+  uint64_t end_ = 0;                         // guarded by mutex_: end of allocated span
+  uint64_t reserved_ = 0;                    // guarded by mutex_: bytes fallocated
+  uint64_t bytes_read_ = 0;                  // guarded by mutex_
+  uint64_t bytes_written_ = 0;               // guarded by mutex_
+  uint64_t reads_ = 0;                       // guarded by mutex_
+  uint64_t writes_ = 0;                      // guarded by mutex_
+  bool replaced_stale_ = false;              // set in the constructor only
+
+  std::mutex sync_mutex_;
+  std::unique_ptr<Queue> sync_queue_;  // guarded by sync_mutex_: the synchronous calls
+};
+
+}  // namespace zinf::offload

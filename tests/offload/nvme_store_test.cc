@@ -1,0 +1,348 @@
+// Tests of NvmeStore: round trips on an O_DIRECT file system and on tmpfs, the extent
+// allocator, the swap directory's life cycle (stale files, live locks, removal), the
+// free-space preflight, injected I/O faults and corrupted extents.
+#include "offload/nvme_store.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "aio/fault_backend.h"
+#include "offload/error.h"
+#include "test_util.h"
+
+namespace zinf::offload {
+namespace {
+
+using testing::random_bytes;
+using testing::TempDir;
+using testing::test_seed;
+
+NvmeStoreConfig store_config(const std::string& dir, bool checksums) {
+  NvmeStoreConfig config;
+  config.nvme_path = dir;
+  config.rank = 3;
+  config.name = "test";
+  config.checksums = checksums;
+  config.aio.backend = aio::BackendKind::kPsync;  // works in every sandbox
+  config.aio.intra_op_parallelism = 2;
+  return config;
+}
+
+void corrupt_byte(const std::string& path, uint64_t offset) {
+  const int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  uint8_t byte = 0;
+  ASSERT_EQ(::pread(fd, &byte, 1, static_cast<off_t>(offset)), 1);
+  byte ^= 0x40;
+  ASSERT_EQ(::pwrite(fd, &byte, 1, static_cast<off_t>(offset)), 1);
+  ASSERT_EQ(::fsync(fd), 0);
+  ::close(fd);
+}
+
+class NvmeStoreRoundTrip : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
+
+TEST_P(NvmeStoreRoundTrip, OddSizesComeBackIdentical) {
+  const auto [on_tmpfs, checksums] = GetParam();
+  if (on_tmpfs && !testing::have_dev_shm()) {
+    GTEST_SKIP() << "no /dev/shm";
+  }
+  const uint32_t seed = test_seed();
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  TempDir dir(on_tmpfs ? "/dev/shm" : "");
+  NvmeStore store(store_config(dir.path(), checksums));
+  const std::vector<uint64_t> sizes = {1, 4095, 4096, 4097, 65536 + 123, 1 << 20, 3 * 4096};
+  std::vector<ExtentId> ids;
+  std::vector<std::vector<uint8_t>> data;
+  for (uint64_t size : sizes) {
+    ids.push_back(store.allocate(size));
+    data.push_back(random_bytes(rng, size));
+  }
+  auto queue = store.make_queue();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    queue->async_write(ids[i], data[i].data());
+  }
+  queue->wait();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    std::vector<uint8_t> back(sizes[i], 0);
+    store.read(ids[i], back.data());
+    EXPECT_EQ(back, data[i]) << "extent " << i << " of " << sizes[i] << " bytes";
+    EXPECT_EQ(store.extent(ids[i]).file_offset % 4096, 0u);
+  }
+  const NvmeStoreStats stats = store.stats();
+  if (!on_tmpfs) {
+    EXPECT_FALSE(stats.buffered);  // ext4/xfs take O_DIRECT (tmpfs does on Linux >= 6.6)
+  }
+  EXPECT_EQ(stats.writes, sizes.size());
+  EXPECT_EQ(stats.reads, sizes.size());
+  // Partial transfers inside an extent.
+  std::vector<uint8_t> patch = random_bytes(rng, 1000);
+  store.write_range(ids[4], 777, patch.data(), patch.size());
+  std::copy(patch.begin(), patch.end(), data[4].begin() + 777);
+  std::vector<uint8_t> part(5000);
+  store.read_range(ids[4], 500, part.data(), part.size());
+  EXPECT_TRUE(std::equal(part.begin(), part.end(), data[4].begin() + 500));
+  std::vector<uint8_t> whole(sizes[4]);
+  store.read(ids[4], whole.data());
+  EXPECT_EQ(whole, data[4]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Media, NvmeStoreRoundTrip,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+                         [](const auto& param_info) {
+                           return std::string(std::get<0>(param_info.param) ? "Tmpfs" : "Disk") +
+                                  (std::get<1>(param_info.param) ? "Checksums" : "Plain");
+                         });
+
+TEST(NvmeStore, LayoutAndRemovalAtCleanExit) {
+  TempDir dir;
+  std::string swap_file;
+  {
+    NvmeStore store(store_config(dir.path(), false));
+    swap_file = store.path();
+    EXPECT_EQ(swap_file, dir.path() + "/zinf_swap/rank3/test.swp");
+    EXPECT_TRUE(std::filesystem::exists(swap_file));
+    const ExtentId id = store.allocate(10000);
+    std::vector<uint8_t> data(10000, 7);
+    store.write(id, data.data());
+    EXPECT_GE(std::filesystem::file_size(swap_file), 12288u);
+  }
+  EXPECT_FALSE(std::filesystem::exists(swap_file));
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/zinf_swap"));
+}
+
+TEST(NvmeStore, AllocatorReusesFreedSpaceAligned) {
+  TempDir dir;
+  NvmeStore store(store_config(dir.path(), false));
+  const ExtentId a = store.allocate(5000);  // [0, 8192)
+  const ExtentId b = store.allocate(4096);  // [8192, 12288)
+  const ExtentId c = store.allocate(100);   // [12288, 16384)
+  EXPECT_EQ(store.extent(a).file_offset, 0u);
+  EXPECT_EQ(store.extent(b).file_offset, 8192u);
+  EXPECT_EQ(store.extent(c).file_offset, 12288u);
+  EXPECT_EQ(store.extent(a).capacity, 8192u);
+  store.free(a);
+  store.free(b);  // merges with a: 12288 free bytes at 0
+  const ExtentId d = store.allocate(12000);
+  EXPECT_EQ(store.extent(d).file_offset, 0u);
+  EXPECT_EQ(store.stats().file_bytes, 16384u);
+  EXPECT_THROW((void)store.extent(a), OffloadError);
+  EXPECT_THROW((void)store.allocate(0), OffloadError);
+  std::vector<uint8_t> data(100);
+  EXPECT_THROW(store.read(c, data.data()), OffloadError);  // never written
+}
+
+TEST(NvmeStore, StaleSwapFileFromACrashedRunIsReplaced) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.path() + "/zinf_swap/rank3");
+  {
+    std::ofstream stale(dir.path() + "/zinf_swap/rank3/test.swp");
+    stale << std::string(10000, 'x');
+  }
+  NvmeStore store(store_config(dir.path(), true));
+  EXPECT_TRUE(store.stats().replaced_stale);
+  EXPECT_EQ(std::filesystem::file_size(store.path()), 0u);
+  const ExtentId id = store.allocate(4096);
+  std::vector<uint8_t> data(4096, 1);
+  std::vector<uint8_t> back(4096, 0);
+  store.write(id, data.data());
+  store.read(id, back.data());
+  EXPECT_EQ(back, data);
+}
+
+TEST(NvmeStore, SwapFileInUseByALiveStoreIsAnError) {
+  TempDir dir;
+  NvmeStore first(store_config(dir.path(), false));
+  try {
+    NvmeStore second(store_config(dir.path(), false));
+    FAIL() << "two stores share one swap file";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo);
+    EXPECT_NE(std::string(e.what()).find("in use by another live process"), std::string::npos)
+        << e.what();
+  }
+  NvmeStoreConfig other = store_config(dir.path(), false);
+  other.name = "other";
+  NvmeStore third(other);  // another name in the same rank directory is fine
+}
+
+TEST(NvmeStore, OutOfSpacePreflightNamesPathNeededAndFree) {
+  TempDir dir;
+  NvmeStore store(store_config(dir.path(), false));
+  const ExtentId small = store.allocate(4096);
+  const ExtentId huge = store.allocate(uint64_t{1} << 60);  // bookkeeping only: no error yet
+  (void)huge;
+  std::vector<uint8_t> data(4096, 3);
+  try {
+    store.write(small, data.data());
+    FAIL() << "preflight passed for 2^60 bytes";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kSpace);
+    const std::string message = e.what();
+    EXPECT_NE(message.find(store.path()), std::string::npos) << message;
+    EXPECT_NE(message.find("needs " + std::to_string((uint64_t{1} << 60) + 4096)),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("bytes free"), std::string::npos) << message;
+  }
+  EXPECT_THROW(store.reserve(), OffloadError);
+  EXPECT_EQ(std::filesystem::file_size(store.path()), 0u);  // nothing was written
+}
+
+TEST(NvmeStore, CorruptExtentIsReportedWithFileAndOffset) {
+  const uint32_t seed = test_seed();
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  TempDir dir;
+  NvmeStore store(store_config(dir.path(), true));
+  const ExtentId a = store.allocate(20000);
+  const ExtentId b = store.allocate(20000);
+  const std::vector<uint8_t> data_a = random_bytes(rng, 20000);
+  const std::vector<uint8_t> data_b = random_bytes(rng, 20000);
+  store.write(a, data_a.data());
+  store.write(b, data_b.data());
+  const uint64_t offset_b = store.extent(b).file_offset;
+  corrupt_byte(store.path(), offset_b + 12345);
+  std::vector<uint8_t> back(20000);
+  store.read(a, back.data());  // the neighbour is intact
+  EXPECT_EQ(back, data_a);
+  try {
+    store.read(b, back.data());
+    FAIL() << "corrupted extent read without error";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
+    const std::string message = e.what();
+    EXPECT_NE(message.find(store.path()), std::string::npos) << message;
+    EXPECT_NE(message.find("offset " + std::to_string(offset_b)), std::string::npos) << message;
+  }
+  // A partial read goes through the whole-extent check too.
+  EXPECT_THROW(store.read_range(b, 0, back.data(), 10), OffloadError);
+  // Rewriting the extent heals it.
+  store.write(b, data_b.data());
+  store.read(b, back.data());
+  EXPECT_EQ(back, data_b);
+}
+
+TEST(NvmeStore, InjectedWriteFaultTearsTheExtent) {
+  const uint32_t seed = test_seed();
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  TempDir dir;
+  auto faults = std::make_shared<aio::FaultInjector>();
+  NvmeStoreConfig config = store_config(dir.path(), false);
+  config.backend_factory = aio::fault_backend_factory(faults);
+  NvmeStore store(config);
+  const ExtentId a = store.allocate(1 << 20);
+  const std::vector<uint8_t> data = random_bytes(rng, 1 << 20);
+  store.write(a, data.data());
+  faults->add(aio::FaultRule{.op = aio::Op::kWrite,
+                             .path = "test.swp",
+                             .nth = 1,
+                             .count = 1,
+                             .kind = aio::FaultKind::kError,
+                             .error = EIO});
+  const std::vector<uint8_t> next = random_bytes(rng, 1 << 20);
+  try {
+    store.write(a, next.data());
+    FAIL() << "injected EIO not reported";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo);
+    EXPECT_NE(std::string(e.what()).find("test.swp"), std::string::npos) << e.what();
+  }
+  std::vector<uint8_t> back(1 << 20);
+  try {
+    store.read(a, back.data());
+    FAIL() << "torn extent read without error";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
+    EXPECT_NE(std::string(e.what()).find("torn"), std::string::npos) << e.what();
+  }
+  store.write(a, next.data());  // the fault fired once: a rewrite succeeds
+  store.read(a, back.data());
+  EXPECT_EQ(back, next);
+}
+
+TEST(NvmeStore, InjectedReadFaultsAreReportedAndShortReadsContinue) {
+  const uint32_t seed = test_seed();
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  TempDir dir;
+  auto faults = std::make_shared<aio::FaultInjector>();
+  NvmeStoreConfig config = store_config(dir.path(), true);
+  config.backend_factory = aio::fault_backend_factory(faults);
+  NvmeStore store(config);
+  const ExtentId a = store.allocate(3 << 20);
+  const std::vector<uint8_t> data = random_bytes(rng, 3 << 20);
+  store.write(a, data.data());
+  std::vector<uint8_t> back(3 << 20, 0);
+  faults->add(aio::FaultRule{
+      .op = aio::Op::kRead, .count = 3, .kind = aio::FaultKind::kShort, .short_bytes = 8192});
+  store.read(a, back.data());  // short transfers are continued, and the checksum agrees
+  EXPECT_EQ(back, data);
+  faults->clear();
+  faults->add(aio::FaultRule{.op = aio::Op::kRead, .kind = aio::FaultKind::kError, .error = EIO});
+  auto queue = store.make_queue();
+  queue->async_read(a, back.data());
+  try {
+    queue->wait();
+    FAIL() << "injected read EIO not reported";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo);
+  }
+  store.read(a, back.data());  // the extent itself is fine
+  EXPECT_EQ(back, data);
+}
+
+TEST(NvmeStore, ConcurrentQueuesOnDisjointExtents) {
+  const uint32_t seed = test_seed();
+  ZINF_TRACE_SEED(seed);
+  TempDir dir;
+  NvmeStore store(store_config(dir.path(), true));
+  constexpr int kThreads = 4;
+  constexpr int kExtents = 8;
+  std::vector<std::thread> threads;
+  std::vector<int> failures(kThreads, 0);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(seed + static_cast<uint32_t>(t));
+      auto queue = store.make_queue();
+      std::vector<ExtentId> ids;
+      std::vector<std::vector<uint8_t>> data;
+      for (int i = 0; i < kExtents; ++i) {
+        const uint64_t size = 1 + rng() % 200000;
+        ids.push_back(store.allocate(size));
+        data.push_back(random_bytes(rng, size));
+        queue->async_write(ids.back(), data.back().data());
+      }
+      queue->wait();
+      std::vector<std::vector<uint8_t>> back(kExtents);
+      for (int i = 0; i < kExtents; ++i) {
+        back[i].resize(data[i].size());
+        queue->async_read(ids[i], back[i].data());
+      }
+      queue->wait();
+      for (int i = 0; i < kExtents; ++i) {
+        failures[t] += back[i] != data[i] ? 1 : 0;
+        store.free(ids[i]);
+      }
+    });
+  }
+  for (auto& t : threads) {
+    t.join();
+  }
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(failures[t], 0) << "thread " << t;
+  }
+}
+
+}  // namespace
+}  // namespace zinf::offload
