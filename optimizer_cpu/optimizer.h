@@ -42,7 +42,8 @@ enum class DType : std::uint8_t {
 [[nodiscard]] std::size_t dtype_size(DType dtype) noexcept;
 
 // The arrays and per-call inputs of one step over one sub-group. All arrays hold `numel`
-// elements, may start at any address (no alignment needed) and must not overlap each other.
+// elements and must not overlap each other; they need no alignment beyond their element
+// type's own (4 bytes for fp32, 2 for 16-bit), though 64-byte aligned arrays stream best.
 struct StepArgs {
   // fp32 master weights [numel], updated in place.
   float* params = nullptr;
