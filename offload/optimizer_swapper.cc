@@ -1,0 +1,380 @@
+#include "offload/optimizer_swapper.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "offload/error.h"
+
+namespace zinf::offload {
+namespace {
+
+using optimizer_cpu::DType;
+
+std::vector<OptimizerState> kinds_for(std::string_view optimizer) {
+  if (optimizer == "adagrad") {
+    return {OptimizerState::kParams, OptimizerState::kGrads, OptimizerState::kExpAvgSq};
+  }
+  if (optimizer == "lion") {
+    return {OptimizerState::kParams, OptimizerState::kGrads, OptimizerState::kExpAvg};
+  }
+  return {OptimizerState::kParams, OptimizerState::kGrads, OptimizerState::kExpAvg,
+          OptimizerState::kExpAvgSq};
+}
+
+const char* state_name(OptimizerState state) {
+  switch (state) {
+    case OptimizerState::kParams:
+      return "params";
+    case OptimizerState::kGrads:
+      return "grads";
+    case OptimizerState::kExpAvg:
+      return "exp_avg";
+    case OptimizerState::kExpAvgSq:
+      return "exp_avg_sq";
+  }
+  return "?";
+}
+
+}  // namespace
+
+// The pinned buffers and the I/O queue of one sub-group in flight. The leases come before
+// the queue: the queue's destructor drains its transfers before the buffers go back.
+struct OptimizerSwapper::BufferSet {
+  std::vector<PinnedBufferPool::Lease> states;  // one per kind, in kinds_ order
+  PinnedBufferPool::Lease copy;                 // the 16-bit param copy
+  std::unique_ptr<NvmeStore::Queue> queue;
+};
+
+OptimizerSwapper::OptimizerSwapper(const OptimizerSwapperConfig& config,
+                                   optimizer_cpu::Optimizer& optimizer, NvmeStore* store,
+                                   Accelerator* accelerator)
+    : config_(config),
+      optimizer_(optimizer),
+      store_(config.device == OffloadDevice::kNvme ? store : nullptr),
+      kinds_(kinds_for(optimizer.name())) {
+  if (config_.numel == 0) {
+    throw OffloadError(ErrorKind::kConfig, "optimizer swapper: the partition has 0 elements");
+  }
+  if (config_.sub_group_size == 0) {
+    throw OffloadError(ErrorKind::kConfig, "zero_optimization.sub_group_size must be > 0");
+  }
+  if (config_.param_copy_dtype == DType::kFloat32) {
+    throw OffloadError(ErrorKind::kConfig,
+                       "optimizer swapper: the param copy must be 16-bit (bf16 or fp16)");
+  }
+  if (config_.device == OffloadDevice::kNvme && store == nullptr) {
+    throw OffloadError(ErrorKind::kConfig,
+                       "offload_optimizer.device is nvme but no swap store was given "
+                       "(offload_optimizer.nvme_path)");
+  }
+  const uint64_t group = std::min(config_.sub_group_size, config_.numel);
+  for (uint64_t offset = 0; offset < config_.numel; offset += group) {
+    sub_groups_.push_back({offset, std::min(group, config_.numel - offset), {}});
+  }
+  const size_t sets = config_.device == OffloadDevice::kNvme
+                          ? 1 + (config_.pipeline_read ? 1 : 0) + (config_.pipeline_write ? 1 : 0)
+                          : 1;
+  if (config_.device == OffloadDevice::kNvme) {
+    if (config_.buffer_count < kinds_.size()) {
+      throw OffloadError(
+          ErrorKind::kConfig,
+          "offload_optimizer.buffer_count is " + std::to_string(config_.buffer_count) + " but " +
+              std::string(optimizer.name()) + " needs " + std::to_string(kinds_.size()) +
+              " buffers per sub-group (params, grads and its states)");
+    }
+    for (SubGroup& sg : sub_groups_) {
+      for (OptimizerState kind : kinds_) {
+        sg.extents.push_back(store_->allocate(sg.numel * element_bytes(kind)));
+      }
+    }
+    store_->reserve();  // fail now, with the numbers, rather than at the first write
+    state_pool_ = std::make_unique<PinnedBufferPool>(sets * kinds_.size(), group * 4, accelerator,
+                                                     "optimizer state pool");
+    for (size_t s = 0; s < sets; ++s) {
+      auto set = std::make_unique<BufferSet>();
+      set->queue = store_->make_queue();
+      sets_.push_back(std::move(set));
+    }
+  } else {
+    for (OptimizerState kind : kinds_) {
+      memory_.emplace_back(config_.numel * element_bytes(kind));
+    }
+    sets_.push_back(std::make_unique<BufferSet>());
+  }
+  copy_pool_ = std::make_unique<PinnedBufferPool>(sets, group * 2, accelerator, "param copy pool");
+}
+
+OptimizerSwapper::~OptimizerSwapper() = default;
+
+size_t OptimizerSwapper::kind_index(OptimizerState state) const {
+  for (size_t i = 0; i < kinds_.size(); ++i) {
+    if (kinds_[i] == state) {
+      return i;
+    }
+  }
+  throw OffloadError(ErrorKind::kUsage,
+                     std::string(optimizer_.name()) + " keeps no " + state_name(state) + " array");
+}
+
+size_t OptimizerSwapper::element_bytes(OptimizerState state) const {
+  return state == OptimizerState::kGrads ? optimizer_cpu::dtype_size(config_.grad_dtype) : 4;
+}
+
+uint64_t OptimizerSwapper::pinned_bytes() const noexcept {
+  uint64_t bytes = copy_pool_->stats().pinned_bytes;
+  if (state_pool_) {
+    bytes += state_pool_->stats().pinned_bytes;
+  }
+  return bytes;
+}
+
+OffloadCounters OptimizerSwapper::counters() const {
+  OffloadCounters c = counters_.snapshot();
+  for (const auto* pool : {state_pool_.get(), copy_pool_.get()}) {
+    if (pool != nullptr) {
+      const PinnedPoolStats stats = pool->stats();
+      c.pool_buffers += stats.buffer_count;
+      c.pool_high_water += stats.high_water;
+      c.pinned_bytes += stats.pinned_bytes;
+    }
+  }
+  return c;
+}
+
+void OptimizerSwapper::initialize(const float* params) {
+  load_state(OptimizerState::kParams, params);
+  for (OptimizerState kind : kinds_) {
+    if (kind == OptimizerState::kParams) {
+      continue;
+    }
+    if (store_ == nullptr) {
+      std::memset(memory_[kind_index(kind)].data(), 0, memory_[kind_index(kind)].size());
+      continue;
+    }
+    PinnedBufferPool::Lease zeros = state_pool_->acquire();
+    std::memset(zeros.data(), 0, zeros.size());
+    const size_t k = kind_index(kind);
+    for (const SubGroup& sg : sub_groups_) {
+      store_->write(sg.extents[k], zeros.data());
+      counters_.add_nvme_written(sg.numel * element_bytes(kind));
+    }
+  }
+}
+
+void OptimizerSwapper::load_state(OptimizerState state, const void* data) {
+  const size_t k = kind_index(state);
+  const size_t bytes = element_bytes(state);
+  const auto* src = static_cast<const std::byte*>(data);
+  if (store_ == nullptr) {
+    std::memcpy(memory_[k].data(), src, config_.numel * bytes);
+    counters_.add_cpu_written(config_.numel * bytes);
+    return;
+  }
+  for (const SubGroup& sg : sub_groups_) {
+    store_->write(sg.extents[k], src + sg.offset * bytes);
+    counters_.add_nvme_written(sg.numel * bytes);
+  }
+}
+
+void OptimizerSwapper::read_state(OptimizerState state, void* data) {
+  const size_t k = kind_index(state);
+  const size_t bytes = element_bytes(state);
+  auto* dst = static_cast<std::byte*>(data);
+  if (store_ == nullptr) {
+    std::memcpy(dst, memory_[k].data(), config_.numel * bytes);
+    counters_.add_cpu_read(config_.numel * bytes);
+    return;
+  }
+  for (const SubGroup& sg : sub_groups_) {
+    store_->read(sg.extents[k], dst + sg.offset * bytes);
+    counters_.add_nvme_read(sg.numel * bytes);
+  }
+}
+
+void OptimizerSwapper::write_grads(uint64_t offset, const void* grads, uint64_t numel) {
+  if (offset > config_.numel || numel > config_.numel - offset) {
+    throw OffloadError(ErrorKind::kUsage, "write_grads of " + std::to_string(numel) +
+                                              " elements at " + std::to_string(offset) +
+                                              " exceeds the partition of " +
+                                              std::to_string(config_.numel));
+  }
+  const size_t k = kind_index(OptimizerState::kGrads);
+  const size_t bytes = element_bytes(OptimizerState::kGrads);
+  const auto* src = static_cast<const std::byte*>(grads);
+  if (store_ == nullptr) {
+    std::memcpy(memory_[k].data() + offset * bytes, src, numel * bytes);
+    counters_.add_cpu_written(numel * bytes);
+    return;
+  }
+  const uint64_t end = offset + numel;
+  for (const SubGroup& sg : sub_groups_) {
+    const uint64_t begin = std::max(offset, sg.offset);
+    const uint64_t stop = std::min(end, sg.offset + sg.numel);
+    if (begin >= stop) {
+      continue;
+    }
+    store_->write_range(sg.extents[k], (begin - sg.offset) * bytes, src + (begin - offset) * bytes,
+                        (stop - begin) * bytes);
+    counters_.add_nvme_written((stop - begin) * bytes);
+  }
+}
+
+uint64_t OptimizerSwapper::run_optimizer(const SubGroup& group, void* const* arrays,
+                                         void* param_copy, const OptimizerStepOptions& options) {
+  optimizer_cpu::StepArgs args;
+  for (size_t i = 0; i < kinds_.size(); ++i) {
+    switch (kinds_[i]) {
+      case OptimizerState::kParams:
+        args.params = static_cast<float*>(arrays[i]);
+        break;
+      case OptimizerState::kGrads:
+        args.grads = arrays[i];
+        break;
+      case OptimizerState::kExpAvg:
+        args.exp_avg = arrays[i];
+        break;
+      case OptimizerState::kExpAvgSq:
+        args.exp_avg_sq = arrays[i];
+        break;
+    }
+  }
+  args.grad_dtype = config_.grad_dtype;
+  args.state_dtype = DType::kFloat32;
+  args.numel = group.numel;
+  args.grad_scale = options.clip_coefficient / options.loss_scale;
+  args.param_copy = param_copy;
+  args.param_copy_dtype = config_.param_copy_dtype;
+  args.step = options.step;
+  ScopedTime time(counters_, Counters::Clock::kCompute);
+  try {
+    return optimizer_.step(args).nonfinite_grads;
+  } catch (const std::invalid_argument& e) {
+    throw OffloadError(ErrorKind::kConfig, std::string("optimizer step: ") + e.what());
+  }
+}
+
+OptimizerStepReport OptimizerSwapper::step(const OptimizerStepOptions& options,
+                                           const ParamCopySink& sink) {
+  const auto start = std::chrono::steady_clock::now();
+  OptimizerStepReport report;
+  report.sub_groups = sub_groups_.size();
+  if (store_ == nullptr) {
+    step_in_memory(options, sink, report);
+  } else {
+    step_nvme(options, sink, report);
+  }
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return report;
+}
+
+void OptimizerSwapper::step_in_memory(const OptimizerStepOptions& options,
+                                      const ParamCopySink& sink, OptimizerStepReport& report) {
+  PinnedBufferPool::Lease copy = copy_pool_->acquire();
+  std::vector<void*> arrays(kinds_.size());
+  for (const SubGroup& sg : sub_groups_) {
+    uint64_t touched = 0;
+    for (size_t k = 0; k < kinds_.size(); ++k) {
+      arrays[k] = memory_[k].data() + sg.offset * element_bytes(kinds_[k]);
+      touched += sg.numel * element_bytes(kinds_[k]);
+    }
+    void* copy_ptr = options.copy_params ? copy.data() : nullptr;
+    report.nonfinite_grads += run_optimizer(sg, arrays.data(), copy_ptr, options);
+    counters_.add_cpu_read(touched);
+    counters_.add_cpu_written(touched - sg.numel * element_bytes(OptimizerState::kGrads));
+    if (copy_ptr != nullptr && sink) {
+      ScopedTime time(counters_, Counters::Clock::kCompute);
+      sink(sg.offset, copy_ptr, sg.numel);
+    }
+  }
+}
+
+void OptimizerSwapper::step_nvme(const OptimizerStepOptions& options, const ParamCopySink& sink,
+                                 OptimizerStepReport& report) {
+  const size_t set_count = sets_.size();
+  const size_t n = sub_groups_.size();
+  const size_t grads = kind_index(OptimizerState::kGrads);
+  for (auto& set : sets_) {
+    set->states = state_pool_->acquire(kinds_.size());
+    set->copy = copy_pool_->acquire();
+  }
+  auto wait = [&](BufferSet& set) {
+    ScopedTime time(counters_, Counters::Clock::kIoWait);
+    set.queue->wait();
+  };
+  // Queue the reads of sub-group i into its set, once that set's previous writes are done.
+  auto issue_reads = [&](size_t i) {
+    BufferSet& set = *sets_[i % set_count];
+    wait(set);
+    const SubGroup& sg = sub_groups_[i];
+    for (size_t k = 0; k < kinds_.size(); ++k) {
+      set.queue->async_read(sg.extents[k], set.states[k].data());
+      counters_.add_nvme_read(sg.numel * element_bytes(kinds_[k]));
+    }
+  };
+  try {
+    std::vector<void*> arrays(kinds_.size());
+    if (n > 0) {
+      issue_reads(0);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      // Sets of i-1 (writing), i (updating) and i+1 (reading) are distinct: sets =
+      // 1 + pipeline_read + pipeline_write.
+      if (config_.pipeline_read && i + 1 < n) {
+        issue_reads(i + 1);
+      }
+      BufferSet& set = *sets_[i % set_count];
+      wait(set);  // the reads of sub-group i
+      const SubGroup& sg = sub_groups_[i];
+      for (size_t k = 0; k < kinds_.size(); ++k) {
+        arrays[k] = set.states[k].data();
+      }
+      void* copy_ptr = options.copy_params ? set.copy.data() : nullptr;
+      report.nonfinite_grads += run_optimizer(sg, arrays.data(), copy_ptr, options);
+      if (copy_ptr != nullptr && sink) {
+        ScopedTime time(counters_, Counters::Clock::kCompute);
+        sink(sg.offset, copy_ptr, sg.numel);
+      }
+      for (size_t k = 0; k < kinds_.size(); ++k) {
+        if (k == grads) {
+          continue;  // consumed by this step
+        }
+        set.queue->async_write(sg.extents[k], set.states[k].data());
+        counters_.add_nvme_written(sg.numel * element_bytes(kinds_[k]));
+      }
+      if (!config_.pipeline_write) {
+        wait(set);
+      }
+      if (!config_.pipeline_read && i + 1 < n) {
+        issue_reads(i + 1);
+      }
+    }
+    for (auto& set : sets_) {
+      wait(*set);
+    }
+  } catch (...) {
+    // Let every transfer end before the buffers go back to the pool; report the first error.
+    for (auto& set : sets_) {
+      try {
+        set->queue->wait();
+      } catch (...) {
+      }
+    }
+    for (auto& set : sets_) {
+      set->states.clear();
+      set->copy.release();
+    }
+    throw;
+  }
+  for (auto& set : sets_) {
+    set->states.clear();
+    set->copy.release();
+  }
+}
+
+}  // namespace zinf::offload

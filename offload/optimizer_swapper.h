@@ -1,0 +1,145 @@
+// OptimizerSwapper: one rank's optimizer partition — the fp32 master params, the
+// optimizer's states (Adam: m and v) and the grads — cut into sub-groups of
+// `sub_group_size` elements and kept on NVMe (or in CPU memory), updated one sub-group at a
+// time by a CPU optimizer from optimizer_cpu.
+//
+// step() walks the sub-groups in order. For each: read its states into pinned buffers,
+// run the optimizer over them in one pass (the grads scaled by clip_coefficient /
+// loss_scale inside the kernel, and a 16-bit copy of the new params written to a pinned
+// buffer and handed to the ParamCopySink, e.g. for the ParamSwapper), then write params and
+// states back (the grads are consumed, not written). With `pipeline_read` the next
+// sub-group's reads are in flight while this one is updated; with `pipeline_write` this
+// sub-group's writes run while the next one is updated. Results do not depend on the
+// pipelining: every sub-group sees the same inputs and the same kernel.
+//
+// Pinned memory is fixed by the config: sets = 1 + pipeline_read + pipeline_write buffer
+// sets, each `states` buffers of sub_group_size x 4 bytes (states: 4 for Adam — params,
+// grads, m, v; 3 for Adagrad and Lion) plus one 16-bit copy buffer of sub_group_size x 2
+// bytes. `buffer_count` (offload_optimizer.buffer_count) must be at least `states`; the
+// constructor fails early with the numbers otherwise. pinned_bytes() reports the total.
+//
+// Failure: any I/O error or corrupt extent throws OffloadError out of step() after every
+// in-flight transfer has ended. Sub-groups before the failing one have been updated on
+// disk; the step as a whole must be treated as failed (restore from a checkpoint).
+//
+// Thread safety: calls on one OptimizerSwapper must not overlap (one driving thread); the
+// I/O it issues runs on aio's workers and the optimizer on TBB's. counters() may be called
+// from any thread at any time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "offload/counters.h"
+#include "offload/nvme_store.h"
+#include "offload/pinned_buffer_pool.h"
+#include "optimizer_cpu/optimizer.h"
+
+namespace zinf::offload {
+
+class Accelerator;
+
+enum class OffloadDevice { kCpu, kNvme };
+
+struct OptimizerSwapperConfig {
+  OffloadDevice device = OffloadDevice::kNvme;  // offload_optimizer.device
+  uint64_t numel = 0;                           // elements in this rank's partition
+  uint64_t sub_group_size = 1'000'000'000;      // zero_optimization.sub_group_size
+  size_t buffer_count = 4;                      // offload_optimizer.buffer_count
+  bool pipeline_read = false;                   // offload_optimizer.pipeline_read
+  bool pipeline_write = false;                  // offload_optimizer.pipeline_write
+  optimizer_cpu::DType grad_dtype = optimizer_cpu::DType::kFloat32;
+  // The 16-bit copy of the updated params handed to the sink (bf16 or fp16).
+  optimizer_cpu::DType param_copy_dtype = optimizer_cpu::DType::kBFloat16;
+};
+
+// What one step needs besides the stored arrays.
+struct OptimizerStepOptions {
+  int64_t step = 1;               // 1-based step number of the parameter group
+  float loss_scale = 1.0f;        // grads are divided by it (fp16 dynamic scaling)
+  float clip_coefficient = 1.0f;  // min(1, max_norm / global_norm): grads multiplied by it
+  bool copy_params = true;        // produce the 16-bit copy and call the sink
+};
+
+struct OptimizerStepReport {
+  uint64_t nonfinite_grads = 0;  // NaN/Inf grads after scaling, over all sub-groups
+  size_t sub_groups = 0;
+  double seconds = 0.0;  // wall time of the step
+};
+
+// Receives the 16-bit copy of sub-group params [offset, offset + numel) of the partition,
+// valid only during the call.
+using ParamCopySink = std::function<void(uint64_t offset, const void* data, uint64_t numel)>;
+
+// The arrays of the partition, for loading and inspecting them (checkpoints, tests).
+enum class OptimizerState { kParams, kGrads, kExpAvg, kExpAvgSq };
+
+class OptimizerSwapper {
+ public:
+  // `optimizer` must outlive the swapper. `store` is required for device kNvme (and must
+  // outlive the swapper), ignored for kCpu. `accelerator`, when given, gets the pinned
+  // buffers registered. Allocates the extents and checks free space for them at once
+  // (OffloadError kSpace), and the pools (kConfig if buffer_count is too small).
+  OptimizerSwapper(const OptimizerSwapperConfig& config, optimizer_cpu::Optimizer& optimizer,
+                   NvmeStore* store, Accelerator* accelerator = nullptr);
+  ~OptimizerSwapper();
+
+  OptimizerSwapper(const OptimizerSwapper&) = delete;
+  OptimizerSwapper& operator=(const OptimizerSwapper&) = delete;
+
+  // Sets the fp32 master params [numel] and zeroes the optimizer states and the grads.
+  void initialize(const float* params);
+
+  // Stores grads [numel elements of grad_dtype] for partition elements [offset, offset +
+  // numel). Whole sub-groups are written directly; parts of one are merged into it.
+  void write_grads(uint64_t offset, const void* grads, uint64_t numel);
+
+  // Loads / reads one whole array of the partition [numel] (fp32, or grad_dtype for grads).
+  void load_state(OptimizerState state, const void* data);
+  void read_state(OptimizerState state, void* data);
+
+  // One optimizer step over every sub-group (see the header comment).
+  [[nodiscard]] OptimizerStepReport step(const OptimizerStepOptions& options,
+                                         const ParamCopySink& sink = {});
+
+  [[nodiscard]] const OptimizerSwapperConfig& config() const noexcept { return config_; }
+  [[nodiscard]] size_t sub_group_count() const noexcept { return sub_groups_.size(); }
+  // Number of arrays per element kept (params, grads and the optimizer's states).
+  [[nodiscard]] size_t states_per_param() const noexcept { return kinds_.size(); }
+  // Pinned bytes held by this swapper's pools: fixed from construction on.
+  [[nodiscard]] uint64_t pinned_bytes() const noexcept;
+  [[nodiscard]] OffloadCounters counters() const;
+  void reset_counters() noexcept { counters_.reset(); }
+
+ private:
+  struct SubGroup {
+    uint64_t offset = 0;  // first element in the partition
+    uint64_t numel = 0;
+    std::vector<ExtentId> extents;  // NVMe: one per kind in kinds_
+  };
+  struct BufferSet;
+
+  size_t kind_index(OptimizerState state) const;
+  size_t element_bytes(OptimizerState state) const;
+  void step_in_memory(const OptimizerStepOptions& options, const ParamCopySink& sink,
+                      OptimizerStepReport& report);
+  void step_nvme(const OptimizerStepOptions& options, const ParamCopySink& sink,
+                 OptimizerStepReport& report);
+  uint64_t run_optimizer(const SubGroup& group, void* const* arrays, void* param_copy,
+                         const OptimizerStepOptions& options);
+
+  const OptimizerSwapperConfig config_;
+  optimizer_cpu::Optimizer& optimizer_;
+  NvmeStore* const store_;
+  std::vector<OptimizerState> kinds_;  // the arrays kept, kParams first
+  std::vector<SubGroup> sub_groups_;
+  std::vector<std::vector<std::byte>> memory_;  // device kCpu: one array per kind
+  std::unique_ptr<PinnedBufferPool> state_pool_;
+  std::unique_ptr<PinnedBufferPool> copy_pool_;
+  std::vector<std::unique_ptr<BufferSet>> sets_;
+  Counters counters_;
+};
+
+}  // namespace zinf::offload

@@ -1,0 +1,132 @@
+// ParamSwapper: one rank's 16-bit parameter partitions (the slices this rank owns), kept
+// on NVMe except for up to `max_in_cpu` elements kept in CPU memory, and brought into
+// pinned pool buffers on demand for the forward and backward passes.
+//
+// Placement (decided once, in add() order): a partition stays in CPU memory when it fits in
+// what is left of `max_in_cpu` elements, otherwise it goes to NVMe; a later, smaller
+// partition may still fit. A partition is never split between the tiers. in_cpu() tells.
+//
+// On NVMe a partition is stored as chunks of at most `buffer_size` elements, one extent
+// each, and swapped in into one pool buffer per chunk: a partition larger than buffer_size
+// is split across buffers, never refused by an assertion. One that needs more buffers than
+// the pool has cannot be swapped in (OffloadError kPool at once, with the numbers); read()
+// copies any partition straight into caller memory instead.
+//
+// prefetch() queues the reads of the given partitions as far as buffers are free now (it
+// never blocks on the pool); swap_in() returns a view of the partition, reading it first
+// if it was not prefetched, and waiting for the prefetch reads still in flight (all of
+// them: they share one I/O queue). release() gives the buffers back without writing
+// anything (params are read-only between optimizer steps); write_back() stores new values
+// (after the optimizer step) in CPU memory or on NVMe, and refreshes a resident view.
+//
+// Pinned memory: buffer_count x buffer_size x element_bytes, fixed at construction.
+//
+// Thread safety: one driving thread calls everything except counters(), which may be
+// called from any thread; the I/O runs on aio's workers. Views stay valid until the
+// partition is released or the swapper destroyed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "aio/pinned_buffer.h"
+#include "offload/counters.h"
+#include "offload/nvme_store.h"
+#include "offload/pinned_buffer_pool.h"
+
+namespace zinf::offload {
+
+class Accelerator;
+
+struct ParamSwapperConfig {
+  size_t buffer_count = 5;              // offload_param.buffer_count
+  uint64_t buffer_size = 100'000'000;   // offload_param.buffer_size, elements per buffer
+  uint64_t max_in_cpu = 1'000'000'000;  // offload_param.max_in_cpu, elements kept in CPU
+  size_t element_bytes = 2;             // 16-bit params
+};
+
+using ParamId = uint32_t;
+
+// A resident partition: consecutive chunks of its elements, in order.
+struct ParamView {
+  struct Chunk {
+    std::byte* data = nullptr;
+    uint64_t numel = 0;
+  };
+  std::vector<Chunk> chunks;
+  uint64_t numel = 0;
+  bool in_cpu = false;
+};
+
+class ParamSwapper {
+ public:
+  // `store` must outlive the swapper; `accelerator` (optional) gets the pool registered.
+  // Throws OffloadError(kConfig) for a zero buffer_count, buffer_size or element size.
+  ParamSwapper(const ParamSwapperConfig& config, NvmeStore& store,
+               Accelerator* accelerator = nullptr);
+  ~ParamSwapper();
+
+  ParamSwapper(const ParamSwapper&) = delete;
+  ParamSwapper& operator=(const ParamSwapper&) = delete;
+
+  // Registers a partition of `numel` elements (> 0) with its initial values and stores
+  // them in its tier. NVMe space is checked before the first write (kSpace).
+  [[nodiscard]] ParamId add(uint64_t numel, const void* initial);
+
+  [[nodiscard]] bool in_cpu(ParamId id) const;
+  [[nodiscard]] uint64_t numel(ParamId id) const;
+  [[nodiscard]] bool resident(ParamId id) const;
+
+  // Starts reading the listed NVMe partitions that are not resident, in list order, while
+  // enough pool buffers are free; stops at the first that does not fit. Returns how many
+  // reads it queued.
+  size_t prefetch(std::span<const ParamId> ids);
+
+  // The partition's values; waits for its reads. Blocks while the pool has no buffers for
+  // it (other partitions are resident: release them) — or fails at once with kPool if it
+  // could never get them. I/O errors and corrupt extents throw OffloadError.
+  [[nodiscard]] ParamView swap_in(ParamId id);
+
+  // Gives the partition's buffers back, discarding their contents (no write-back).
+  void release(ParamId id);
+
+  // Stores new values of the whole partition, or of `numel` elements at `offset`.
+  void write_back(ParamId id, const void* data);
+  void write_back_range(ParamId id, uint64_t offset, const void* data, uint64_t numel);
+
+  // Copies the partition's current values into `dst` (any size; no pool buffers used).
+  void read(ParamId id, void* dst);
+
+  [[nodiscard]] const ParamSwapperConfig& config() const noexcept { return config_; }
+  [[nodiscard]] uint64_t cpu_elements() const noexcept { return cpu_elements_; }
+  [[nodiscard]] uint64_t pinned_bytes() const noexcept;
+  [[nodiscard]] OffloadCounters counters() const;
+
+ private:
+  struct Partition {
+    uint64_t numel = 0;
+    std::unique_ptr<aio::PinnedBuffer> cpu;        // the values, when kept in CPU memory
+    std::vector<ExtentId> chunks;                  // NVMe: one extent per buffer_size elements
+    std::vector<PinnedBufferPool::Lease> buffers;  // resident NVMe partition
+    bool reading = false;                          // reads queued, not yet waited for
+  };
+
+  Partition& get(ParamId id);
+  const Partition& get(ParamId id) const;
+  uint64_t chunk_numel(const Partition& p, size_t chunk) const;
+  void queue_reads(Partition& p);
+  void wait_reads();
+
+  const ParamSwapperConfig config_;
+  NvmeStore& store_;
+  std::unique_ptr<PinnedBufferPool> pool_;
+  std::unique_ptr<NvmeStore::Queue> queue_;  // after pool_: drained before buffers go
+  std::vector<Partition> partitions_;
+  uint64_t cpu_elements_ = 0;
+  Counters counters_;
+};
+
+}  // namespace zinf::offload

@@ -1,0 +1,371 @@
+// Tests of OptimizerSwapper: a step over NVMe sub-groups is bit-identical to the same step
+// in memory and to optimizer_cpu called directly; every pipelining mode gives the same
+// result; I/O faults and corrupted extents surface as errors; the space preflight, the
+// buffer_count check, the pinned-memory figure and the counters.
+#include "offload/optimizer_swapper.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "aio/fault_backend.h"
+#include "offload/cpu_accelerator.h"
+#include "offload/error.h"
+#include "optimizer_cpu/adam.h"
+#include "optimizer_cpu/half.h"
+#include "test_util.h"
+
+namespace zinf::offload {
+namespace {
+
+using optimizer_cpu::AdamConfig;
+using optimizer_cpu::AdamOptimizer;
+using optimizer_cpu::DType;
+using testing::random_floats;
+using testing::TempDir;
+using testing::test_seed;
+
+constexpr uint64_t kNumel = 10007;  // odd: the last sub-group is short
+constexpr uint64_t kSubGroup = 3000;
+
+AdamConfig adam_config() {
+  AdamConfig config;
+  config.lr = 1e-2f;
+  config.beta1 = 0.9f;
+  config.beta2 = 0.95f;
+  config.weight_decay = 3e-2f;
+  return config;
+}
+
+NvmeStoreConfig store_config(const std::string& dir, bool checksums) {
+  NvmeStoreConfig config;
+  config.nvme_path = dir;
+  config.name = "optimizer";
+  config.checksums = checksums;
+  config.aio.backend = aio::BackendKind::kPsync;
+  config.aio.intra_op_parallelism = 2;
+  return config;
+}
+
+struct Outcome {
+  std::vector<float> params, exp_avg, exp_avg_sq;
+  std::map<uint64_t, std::vector<uint16_t>> copies;  // per sub-group offset, last step
+  uint64_t nonfinite = 0;
+};
+
+// Three steps with fresh grads each, the grads written in uneven pieces across sub-groups.
+struct Problem {
+  explicit Problem(uint32_t seed) {
+    std::mt19937 rng(seed);
+    params = random_floats(rng, kNumel);
+    for (int s = 0; s < 3; ++s) {
+      grads.push_back(random_floats(rng, kNumel, 100.0f));  // "loss-scaled"
+    }
+  }
+  std::vector<float> params;
+  std::vector<std::vector<float>> grads;
+};
+
+OptimizerStepOptions options_for(int step) {
+  OptimizerStepOptions options;
+  options.step = step;
+  options.loss_scale = 128.0f;
+  options.clip_coefficient = 0.75f;
+  return options;
+}
+
+Outcome run_swapper(const Problem& problem, OptimizerSwapperConfig config, NvmeStore* store) {
+  AdamOptimizer adam(adam_config());
+  config.numel = kNumel;
+  config.sub_group_size = kSubGroup;
+  OptimizerSwapper swapper(config, adam, store);
+  swapper.initialize(problem.params.data());
+  Outcome out;
+  for (int s = 0; s < 3; ++s) {
+    const std::vector<float>& g = problem.grads[static_cast<size_t>(s)];
+    // Uneven pieces: 1234 + 4000 (spans a boundary) + the rest.
+    swapper.write_grads(0, g.data(), 1234);
+    swapper.write_grads(1234, g.data() + 1234, 4000);
+    swapper.write_grads(5234, g.data() + 5234, kNumel - 5234);
+    const OptimizerStepReport report =
+        swapper.step(options_for(s + 1), [&](uint64_t offset, const void* data, uint64_t numel) {
+          auto& copy = out.copies[offset];
+          copy.resize(numel);
+          std::memcpy(copy.data(), data, numel * 2);
+        });
+    EXPECT_EQ(report.sub_groups, 4u);
+    out.nonfinite += report.nonfinite_grads;
+  }
+  out.params.resize(kNumel);
+  out.exp_avg.resize(kNumel);
+  out.exp_avg_sq.resize(kNumel);
+  swapper.read_state(OptimizerState::kParams, out.params.data());
+  swapper.read_state(OptimizerState::kExpAvg, out.exp_avg.data());
+  swapper.read_state(OptimizerState::kExpAvgSq, out.exp_avg_sq.data());
+  return out;
+}
+
+// optimizer_cpu called directly, sub-group by sub-group, on plain arrays.
+Outcome run_direct(const Problem& problem) {
+  AdamOptimizer adam(adam_config());
+  Outcome out;
+  out.params = problem.params;
+  out.exp_avg.assign(kNumel, 0.0f);
+  out.exp_avg_sq.assign(kNumel, 0.0f);
+  for (int s = 0; s < 3; ++s) {
+    for (uint64_t offset = 0; offset < kNumel; offset += kSubGroup) {
+      const uint64_t n = std::min(kSubGroup, kNumel - offset);
+      std::vector<uint16_t>& copy = out.copies[offset];
+      copy.resize(n);
+      optimizer_cpu::StepArgs args;
+      args.params = out.params.data() + offset;
+      args.grads = problem.grads[static_cast<size_t>(s)].data() + offset;
+      args.exp_avg = out.exp_avg.data() + offset;
+      args.exp_avg_sq = out.exp_avg_sq.data() + offset;
+      args.numel = n;
+      args.grad_scale = 0.75f / 128.0f;
+      args.param_copy = copy.data();
+      args.param_copy_dtype = DType::kBFloat16;
+      args.step = s + 1;
+      out.nonfinite += adam.step(args).nonfinite_grads;
+    }
+  }
+  return out;
+}
+
+void expect_identical(const Outcome& a, const Outcome& b, const std::string& what) {
+  SCOPED_TRACE(what);
+  ASSERT_EQ(a.params.size(), b.params.size());
+  EXPECT_EQ(std::memcmp(a.params.data(), b.params.data(), kNumel * 4), 0) << "params differ";
+  EXPECT_EQ(std::memcmp(a.exp_avg.data(), b.exp_avg.data(), kNumel * 4), 0) << "m differs";
+  EXPECT_EQ(std::memcmp(a.exp_avg_sq.data(), b.exp_avg_sq.data(), kNumel * 4), 0) << "v differs";
+  EXPECT_EQ(a.copies, b.copies) << "16-bit copies differ";
+  EXPECT_EQ(a.nonfinite, b.nonfinite);
+}
+
+TEST(OptimizerSwapper, NvmeStepIsBitIdenticalToInMemoryAndPipeliningChangesNothing) {
+  const uint32_t seed = test_seed();
+  ZINF_TRACE_SEED(seed);
+  const Problem problem(seed);
+  const Outcome direct = run_direct(problem);
+  // The step really moved the params, and the copy is their bf16 rounding.
+  EXPECT_NE(std::memcmp(direct.params.data(), problem.params.data(), kNumel * 4), 0);
+  EXPECT_EQ(direct.copies.at(3000)[5], optimizer_cpu::float_to_bf16(direct.params[3005]));
+
+  OptimizerSwapperConfig cpu;
+  cpu.device = OffloadDevice::kCpu;
+  expect_identical(run_swapper(problem, cpu, nullptr), direct, "device cpu");
+
+  for (const bool checksums : {false, true}) {
+    for (int mode = 0; mode < 4; ++mode) {
+      TempDir dir;
+      NvmeStore store(store_config(dir.path(), checksums));
+      OptimizerSwapperConfig nvme;
+      nvme.pipeline_read = (mode & 1) != 0;
+      nvme.pipeline_write = (mode & 2) != 0;
+      expect_identical(run_swapper(problem, nvme, &store), direct,
+                       "nvme, pipeline_read " + std::to_string(nvme.pipeline_read) +
+                           ", pipeline_write " + std::to_string(nvme.pipeline_write) +
+                           ", checksums " + std::to_string(checksums));
+    }
+  }
+}
+
+TEST(OptimizerSwapper, TmpfsAndBf16GradsMatchInMemory) {
+  if (!testing::have_dev_shm()) {
+    GTEST_SKIP() << "no /dev/shm";
+  }
+  const uint32_t seed = test_seed();
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  const std::vector<float> params = random_floats(rng, kNumel);
+  std::vector<uint16_t> grads(kNumel);
+  for (auto& g : grads) {
+    g = optimizer_cpu::float_to_bf16(std::normal_distribution<float>(0.0f, 1.0f)(rng));
+  }
+  auto run = [&](OffloadDevice device, NvmeStore* store) {
+    AdamOptimizer adam(adam_config());
+    OptimizerSwapperConfig config;
+    config.device = device;
+    config.numel = kNumel;
+    config.sub_group_size = kSubGroup;
+    config.grad_dtype = DType::kBFloat16;
+    config.pipeline_read = config.pipeline_write = true;
+    OptimizerSwapper swapper(config, adam, store);
+    swapper.initialize(params.data());
+    swapper.write_grads(0, grads.data(), kNumel);
+    OptimizerStepOptions options;
+    options.copy_params = false;
+    (void)swapper.step(options);
+    std::vector<float> out(kNumel);
+    swapper.read_state(OptimizerState::kParams, out.data());
+    return out;
+  };
+  TempDir dir("/dev/shm");
+  NvmeStore store(store_config(dir.path(), true));
+  const std::vector<float> in_memory = run(OffloadDevice::kCpu, nullptr);
+  const std::vector<float> on_tmpfs = run(OffloadDevice::kNvme, &store);
+  EXPECT_EQ(std::memcmp(in_memory.data(), on_tmpfs.data(), kNumel * 4), 0);
+}
+
+TEST(OptimizerSwapper, PinnedMemoryIsFixedByTheConfigAndCountersAddUp) {
+  TempDir dir;
+  NvmeStore store(store_config(dir.path(), false));
+  CpuAccelerator accelerator(0);
+  AdamOptimizer adam(adam_config());
+  OptimizerSwapperConfig config;
+  config.numel = kNumel;
+  config.sub_group_size = kSubGroup;
+  config.pipeline_read = config.pipeline_write = true;
+  OptimizerSwapper swapper(config, adam, &store, &accelerator);
+  // 3 sets x (4 state buffers of 3000 x 4 bytes -> 12288 + one copy buffer 6000 -> 8192).
+  EXPECT_EQ(swapper.pinned_bytes(), 3u * (4u * 12288u + 8192u));
+  EXPECT_EQ(accelerator.registered_host_bytes(), swapper.pinned_bytes());
+  std::vector<float> zeros(kNumel, 0.0f);
+  swapper.initialize(zeros.data());
+  swapper.write_grads(0, zeros.data(), kNumel);
+  swapper.reset_counters();
+  (void)swapper.step(OptimizerStepOptions{});
+  const OffloadCounters c = swapper.counters();
+  EXPECT_EQ(c.nvme_bytes_read, kNumel * 16);     // params, grads, m, v
+  EXPECT_EQ(c.nvme_bytes_written, kNumel * 12);  // params, m, v
+  EXPECT_EQ(c.pool_buffers, 3u * 4u + 3u);
+  EXPECT_EQ(c.pool_high_water, 3u * 4u + 3u);
+  EXPECT_GT(c.compute_seconds, 0.0);
+  EXPECT_EQ(c.pinned_bytes, swapper.pinned_bytes());
+  EXPECT_FALSE(c.to_string().empty());
+}
+
+TEST(OptimizerSwapper, TooFewBuffersFailAtConstructionWithTheNumbers) {
+  TempDir dir;
+  NvmeStore store(store_config(dir.path(), false));
+  AdamOptimizer adam(adam_config());
+  OptimizerSwapperConfig config;
+  config.numel = kNumel;
+  config.buffer_count = 3;
+  try {
+    OptimizerSwapper swapper(config, adam, &store);
+    FAIL() << "buffer_count 3 accepted for Adam";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kConfig);
+    EXPECT_NE(std::string(e.what()).find("buffer_count is 3 but adamw needs 4"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(OptimizerSwapper, OutOfSpaceIsReportedBeforeAnyWork) {
+  TempDir dir;
+  NvmeStore store(store_config(dir.path(), false));
+  AdamOptimizer adam(adam_config());
+  OptimizerSwapperConfig config;
+  config.numel = uint64_t{1} << 42;  // 64 TiB of states
+  config.sub_group_size = uint64_t{1} << 28;
+  try {
+    OptimizerSwapper swapper(config, adam, &store);
+    FAIL() << "64 TiB of optimizer states accepted";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kSpace);
+    const std::string message = e.what();
+    EXPECT_NE(message.find(store.path()), std::string::npos) << message;
+    EXPECT_NE(message.find("needs " + std::to_string(uint64_t{1} << 46)), std::string::npos)
+        << message;
+  }
+}
+
+class OptimizerSwapperFaults : public ::testing::TestWithParam<int> {};
+
+TEST_P(OptimizerSwapperFaults, ReadFaultMidStepIsReportedNotApplied) {
+  const int mode = GetParam();
+  const uint32_t seed = test_seed();
+  ZINF_TRACE_SEED(seed);
+  const Problem problem(seed);
+  TempDir dir;
+  auto faults = std::make_shared<aio::FaultInjector>();
+  NvmeStoreConfig sc = store_config(dir.path(), false);
+  sc.backend_factory = aio::fault_backend_factory(faults);
+  NvmeStore store(sc);
+  AdamOptimizer adam(adam_config());
+  OptimizerSwapperConfig config;
+  config.numel = kNumel;
+  config.sub_group_size = kSubGroup;
+  config.pipeline_read = (mode & 1) != 0;
+  config.pipeline_write = (mode & 2) != 0;
+  OptimizerSwapper swapper(config, adam, &store);
+  swapper.initialize(problem.params.data());
+  swapper.write_grads(0, problem.grads[0].data(), kNumel);
+  // Fail the reads of the third sub-group's extents.
+  faults->add(aio::FaultRule{
+      .op = aio::Op::kRead, .nth = 9, .count = 1, .kind = aio::FaultKind::kError, .error = EIO});
+  try {
+    (void)swapper.step(options_for(1));
+    FAIL() << "injected EIO during the step not reported";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo) << e.what();
+  }
+  // A write fault tears an extent; reading it back is then an error, not stale data.
+  faults->clear();
+  faults->add(aio::FaultRule{.op = aio::Op::kWrite,
+                             .nth = 2,
+                             .count = 1,
+                             .kind = aio::FaultKind::kError,
+                             .error = ENOSPC});
+  EXPECT_THROW((void)swapper.step(options_for(2)), OffloadError);
+  faults->clear();
+  std::vector<float> out(kNumel);
+  int torn = 0;
+  for (OptimizerState state :
+       {OptimizerState::kParams, OptimizerState::kExpAvg, OptimizerState::kExpAvgSq}) {
+    try {
+      swapper.read_state(state, out.data());
+    } catch (const OffloadError& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kCorrupt) << e.what();
+      ++torn;
+    }
+  }
+  EXPECT_GE(torn, 1) << "a failed write left no torn extent behind";
+}
+
+INSTANTIATE_TEST_SUITE_P(Pipelining, OptimizerSwapperFaults, ::testing::Values(0, 1, 2, 3));
+
+TEST(OptimizerSwapper, CorruptedExtentFailsTheStepNamingFileAndOffset) {
+  const uint32_t seed = test_seed();
+  ZINF_TRACE_SEED(seed);
+  const Problem problem(seed);
+  TempDir dir;
+  NvmeStore store(store_config(dir.path(), true));
+  AdamOptimizer adam(adam_config());
+  OptimizerSwapperConfig config;
+  config.numel = kNumel;
+  config.sub_group_size = kSubGroup;
+  config.pipeline_read = true;
+  OptimizerSwapper swapper(config, adam, &store);
+  swapper.initialize(problem.params.data());
+  swapper.write_grads(0, problem.grads[0].data(), kNumel);
+  // Flip a byte somewhere in the middle of the file: some sub-group's state.
+  const int fd = ::open(store.path().c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  const off_t where = 5 * 4096 + 17;
+  uint8_t byte = 0;
+  ASSERT_EQ(::pread(fd, &byte, 1, where), 1);
+  byte ^= 0x01;
+  ASSERT_EQ(::pwrite(fd, &byte, 1, where), 1);
+  ::close(fd);
+  try {
+    (void)swapper.step(options_for(1));
+    FAIL() << "corrupted extent applied silently";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
+    EXPECT_NE(std::string(e.what()).find(store.path()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("offset"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace zinf::offload

@@ -1,0 +1,224 @@
+// Tests of ParamSwapper: placement across the max_in_cpu boundary, round trips of
+// partitions smaller and larger than buffer_size (split across buffers), prefetch,
+// release without write-back, write-back, requests the pool can never meet, and faults.
+#include "offload/param_swapper.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "aio/fault_backend.h"
+#include "offload/cpu_accelerator.h"
+#include "offload/error.h"
+#include "test_util.h"
+
+namespace zinf::offload {
+namespace {
+
+using testing::TempDir;
+using testing::test_seed;
+
+NvmeStoreConfig store_config(const std::string& dir, bool checksums = true) {
+  NvmeStoreConfig config;
+  config.nvme_path = dir;
+  config.name = "params";
+  config.checksums = checksums;
+  config.aio.backend = aio::BackendKind::kPsync;
+  config.aio.intra_op_parallelism = 2;
+  return config;
+}
+
+std::vector<uint16_t> random_half(std::mt19937& rng, uint64_t numel) {
+  std::vector<uint16_t> data(numel);
+  for (auto& x : data) {
+    x = static_cast<uint16_t>(rng());
+  }
+  return data;
+}
+
+std::vector<uint16_t> gather(const ParamView& view) {
+  std::vector<uint16_t> out;
+  for (const auto& chunk : view.chunks) {
+    const auto* p = reinterpret_cast<const uint16_t*>(chunk.data);
+    out.insert(out.end(), p, p + chunk.numel);
+  }
+  return out;
+}
+
+ParamSwapperConfig small_config() {
+  ParamSwapperConfig config;
+  config.buffer_count = 4;
+  config.buffer_size = 1000;  // elements
+  config.max_in_cpu = 2500;
+  return config;
+}
+
+class ParamSwapperMedia : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ParamSwapperMedia, RoundTripsAcrossTiersAndBufferSizes) {
+  const bool on_tmpfs = GetParam();
+  if (on_tmpfs && !testing::have_dev_shm()) {
+    GTEST_SKIP() << "no /dev/shm";
+  }
+  const uint32_t seed = test_seed();
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  TempDir dir(on_tmpfs ? "/dev/shm" : "");
+  NvmeStore store(store_config(dir.path()));
+  CpuAccelerator accelerator(0);
+  ParamSwapper swapper(small_config(), store, &accelerator);
+  EXPECT_EQ(accelerator.registered_host_bytes(), swapper.pinned_bytes());
+  // Placement, in add() order, against max_in_cpu = 2500 elements:
+  //   2000 -> cpu (500 left), 999 -> nvme, 3001 -> nvme (4 chunks), 500 -> cpu (0 left),
+  //   1 -> nvme, 1000 -> nvme (exactly one buffer).
+  const std::vector<uint64_t> sizes = {2000, 999, 3001, 500, 1, 1000};
+  const std::vector<bool> expect_cpu = {true, false, false, true, false, false};
+  std::vector<std::vector<uint16_t>> values;
+  std::vector<ParamId> ids;
+  for (uint64_t n : sizes) {
+    values.push_back(random_half(rng, n));
+    ids.push_back(swapper.add(n, values.back().data()));
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(swapper.in_cpu(ids[i]), expect_cpu[i]) << "partition " << i;
+  }
+  EXPECT_EQ(swapper.cpu_elements(), 2500u);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const ParamView view = swapper.swap_in(ids[i]);
+    EXPECT_EQ(view.in_cpu, expect_cpu[i]);
+    EXPECT_EQ(gather(view), values[i]) << "partition " << i;
+    if (!view.in_cpu) {
+      EXPECT_EQ(view.chunks.size(), (sizes[i] + 999) / 1000);
+    }
+    swapper.release(ids[i]);
+  }
+  // read() copies any partition directly.
+  std::vector<uint16_t> direct(3001);
+  swapper.read(ids[2], direct.data());
+  EXPECT_EQ(direct, values[2]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Media, ParamSwapperMedia, ::testing::Bool(), [](const auto& param_info) {
+  return std::string(param_info.param ? "Tmpfs" : "Disk");
+});
+
+TEST(ParamSwapper, PrefetchReleaseAndWriteBack) {
+  const uint32_t seed = test_seed();
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  TempDir dir;
+  NvmeStore store(store_config(dir.path()));
+  ParamSwapperConfig config = small_config();
+  config.max_in_cpu = 0;  // everything on NVMe
+  ParamSwapper swapper(config, store);
+  std::vector<std::vector<uint16_t>> values;
+  std::vector<ParamId> ids;
+  for (uint64_t n : {1500, 700, 900, 2000}) {
+    values.push_back(random_half(rng, n));
+    ids.push_back(swapper.add(n, values.back().data()));
+  }
+  // 2 + 1 + 1 buffers fit in the pool of 4; the fourth partition (2 buffers) does not.
+  EXPECT_EQ(swapper.prefetch(ids), 3u);
+  EXPECT_TRUE(swapper.resident(ids[2]));
+  EXPECT_FALSE(swapper.resident(ids[3]));
+  EXPECT_EQ(swapper.counters().pool_high_water, 4u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(gather(swapper.swap_in(ids[i])), values[i]) << "partition " << i;
+  }
+  // Scribble on a resident buffer, release: nothing is written back.
+  ParamView view = swapper.swap_in(ids[1]);
+  std::memset(view.chunks[0].data, 0, 700 * 2);
+  swapper.release(ids[1]);
+  swapper.release(ids[0]);
+  EXPECT_EQ(gather(swapper.swap_in(ids[1])), values[1]);
+  // Write-back (after an optimizer step) is stored, and refreshes the resident view.
+  std::vector<uint16_t> updated = random_half(rng, 700);
+  swapper.write_back(ids[1], updated.data());
+  EXPECT_EQ(gather(swapper.swap_in(ids[1])), updated);
+  swapper.release(ids[1]);
+  EXPECT_EQ(gather(swapper.swap_in(ids[1])), updated);
+  // A range across the chunk boundary of the 1500-element partition.
+  std::vector<uint16_t> patch = random_half(rng, 400);
+  swapper.write_back_range(ids[0], 800, patch.data(), patch.size());
+  std::copy(patch.begin(), patch.end(), values[0].begin() + 800);
+  EXPECT_EQ(gather(swapper.swap_in(ids[0])), values[0]);
+  const OffloadCounters c = swapper.counters();
+  EXPECT_GT(c.nvme_bytes_read, 0u);
+  EXPECT_GT(c.nvme_bytes_written, 0u);
+}
+
+TEST(ParamSwapper, RequestsThePoolCanNeverMeetFailAtOnce) {
+  const uint32_t seed = test_seed();
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  TempDir dir;
+  NvmeStore store(store_config(dir.path()));
+  ParamSwapperConfig config = small_config();
+  config.max_in_cpu = 0;
+  ParamSwapper swapper(config, store);
+  const std::vector<uint16_t> big = random_half(rng, 4500);  // 5 buffers > 4
+  const ParamId too_big = swapper.add(big.size(), big.data());
+  try {
+    (void)swapper.swap_in(too_big);
+    FAIL() << "partition of 5 buffers swapped into a pool of 4";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kPool);
+    EXPECT_NE(std::string(e.what()).find("needs 5 buffers"), std::string::npos) << e.what();
+  }
+  std::vector<uint16_t> back(big.size());
+  swapper.read(too_big, back.data());  // read directly instead
+  EXPECT_EQ(back, big);
+  // This thread holds 3 buffers; a 2-buffer partition could only wait for itself.
+  const std::vector<uint16_t> a = random_half(rng, 3000);
+  const std::vector<uint16_t> b = random_half(rng, 2000);
+  const ParamId id_a = swapper.add(a.size(), a.data());
+  const ParamId id_b = swapper.add(b.size(), b.data());
+  (void)swapper.swap_in(id_a);
+  EXPECT_THROW((void)swapper.swap_in(id_b), OffloadError);
+  swapper.release(id_a);
+  EXPECT_EQ(gather(swapper.swap_in(id_b)), b);
+}
+
+TEST(ParamSwapper, ReadFaultIsReportedAndTheNextSwapInRetries) {
+  const uint32_t seed = test_seed();
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  TempDir dir;
+  auto faults = std::make_shared<aio::FaultInjector>();
+  NvmeStoreConfig sc = store_config(dir.path());
+  sc.backend_factory = aio::fault_backend_factory(faults);
+  NvmeStore store(sc);
+  ParamSwapperConfig config = small_config();
+  config.max_in_cpu = 0;
+  ParamSwapper swapper(config, store);
+  const std::vector<uint16_t> v = random_half(rng, 1800);
+  const ParamId id = swapper.add(v.size(), v.data());
+  faults->add(aio::FaultRule{.op = aio::Op::kRead, .kind = aio::FaultKind::kError, .error = EIO});
+  EXPECT_EQ(swapper.prefetch(std::vector<ParamId>{id}), 1u);
+  EXPECT_THROW((void)swapper.swap_in(id), OffloadError);
+  EXPECT_FALSE(swapper.resident(id));
+  EXPECT_EQ(gather(swapper.swap_in(id)), v);  // the fault fired once
+}
+
+TEST(ParamSwapper, OutOfSpaceOnFirstWrite) {
+  TempDir dir;
+  NvmeStore store(store_config(dir.path()));
+  ParamSwapperConfig config = small_config();
+  config.max_in_cpu = 0;
+  ParamSwapper swapper(config, store);
+  (void)store.allocate(uint64_t{1} << 60);  // someone else's huge reservation
+  const std::vector<uint16_t> v(10, 1);
+  try {
+    (void)swapper.add(v.size(), v.data());
+    FAIL() << "write past the free space accepted";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kSpace) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace zinf::offload
