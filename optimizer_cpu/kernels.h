@@ -30,6 +30,8 @@ struct KernelArrays {
   DType grad_dtype;
   DType state_dtype;
   CopyOut copy_out;
+  // Write the copy with non-temporal stores (large steps, where it will not stay cached).
+  bool stream_copy;
   float grad_scale;
 };
 

@@ -11,6 +11,7 @@
 // instructions whatever the range boundaries are (results do not depend on tiling).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -82,29 +83,66 @@ struct Kernels {
     }
   }
 
-  template <CopyOut C>
+  // kStream: a non-temporal store to a vector-aligned address (see run_range()).
+  template <CopyOut C, bool kStream>
   static void store_copy(void* base, std::size_t i, V p) {
+    auto* dst = static_cast<std::uint16_t*>(base) + i;
     if constexpr (C == CopyOut::kBFloat16) {
-      Ops::store_bf16(static_cast<std::uint16_t*>(base) + i, p);
+      if constexpr (kStream) {
+        Ops::stream_bf16(dst, p);
+      } else {
+        Ops::store_bf16(dst, p);
+      }
     } else if constexpr (C == CopyOut::kFloat16) {
-      Ops::store_fp16(static_cast<std::uint16_t*>(base) + i, p);
+      if constexpr (kStream) {
+        Ops::stream_fp16(dst, p);
+      } else {
+        Ops::store_fp16(dst, p);
+      }
     }
   }
 
   static std::size_t size_of(DType d) { return d == DType::kFloat32 ? 4 : 2; }
 
-  // Runs body(arrays, i) for every full vector of [begin, end) and once more for the tail,
-  // on zero-padded copies. body returns the non-finite count of its vector.
+  // Runs body(arrays, i, std::bool_constant<stream>) for every full vector of [begin, end),
+  // and for a partial vector at either end on zero-padded copies; body returns the
+  // non-finite count of its vector. With a.stream_copy the 16-bit copy is written with
+  // non-temporal stores (no read-for-ownership of lines that are only written): the range
+  // is cut so that every full vector's copy is aligned, the partial head going through
+  // the buffers like the tail.
   template <class Body>
   static std::uint64_t run_range(const KernelArrays& a, std::size_t begin, std::size_t end,
                                  Body body) {
     const KernelArrays arrays = a;
     std::uint64_t nonfinite = 0;
     std::size_t i = begin;
-    for (; i + kWidth <= end; i += kWidth) nonfinite += body(arrays, i);
-    const std::size_t n = end - i;
-    if (n == 0) return nonfinite;
+    if constexpr (Ops::kCanStream) {
+      if (a.stream_copy && a.param_copy != nullptr) {
+        constexpr std::size_t kCopyBytes = kWidth * 2;
+        const auto address =
+            reinterpret_cast<std::uintptr_t>(static_cast<std::uint16_t*>(a.param_copy) + i);
+        const std::size_t head =
+            std::min(end - i, (kCopyBytes - address % kCopyBytes) % kCopyBytes / 2);
+        if (head != 0) {
+          nonfinite += run_partial(a, i, head, body);
+          i += head;
+        }
+        for (; i + kWidth <= end; i += kWidth) {
+          nonfinite += body(arrays, i, std::true_type{});
+        }
+        if (i < end) nonfinite += run_partial(a, i, end - i, body);
+        Ops::fence();
+        return nonfinite;
+      }
+    }
+    for (; i + kWidth <= end; i += kWidth) nonfinite += body(arrays, i, std::false_type{});
+    if (i < end) nonfinite += run_partial(a, i, end - i, body);
+    return nonfinite;
+  }
 
+  // The n < kWidth elements at i, through zero-padded stack copies of every array.
+  template <class Body>
+  static std::uint64_t run_partial(const KernelArrays& a, std::size_t i, std::size_t n, Body body) {
     alignas(64) float p_buf[kWidth] = {};
     alignas(64) unsigned char g_buf[kWidth * 4] = {};
     alignas(64) unsigned char m_buf[kWidth * 4] = {};
@@ -126,7 +164,7 @@ struct Kernels {
     if (a.exp_avg_sq != nullptr) {
       std::memcpy(v_buf, static_cast<const unsigned char*>(a.exp_avg_sq) + i * s_size, n * s_size);
     }
-    nonfinite += body(tail, 0);
+    const std::uint64_t nonfinite = body(tail, 0, std::false_type{});
     std::memcpy(a.params + i, p_buf, n * 4);
     if (a.exp_avg != nullptr) {
       std::memcpy(static_cast<unsigned char*>(a.exp_avg) + i * s_size, m_buf, n * s_size);
@@ -153,7 +191,7 @@ struct Kernels {
     const V step_size = Ops::broadcast(k.step_size);
     const V decoupled_decay = Ops::broadcast(k.decoupled_decay);
     const V l2_decay = Ops::broadcast(k.l2_decay);
-    return run_range(a, begin, end, [=](const KernelArrays& x, std::size_t i) {
+    return run_range(a, begin, end, [=](const KernelArrays& x, std::size_t i, auto stream) {
       V g = load<G>(x.grads, i) * scale;
       const std::uint32_t nonfinite = Ops::count_nonfinite(g);
       V p = Ops::load(x.params + i);
@@ -168,7 +206,7 @@ struct Kernels {
       Ops::store(x.params + i, p);
       store<S>(x.exp_avg, i, m);
       store<S>(x.exp_avg_sq, i, v);
-      store_copy<C>(x.param_copy, i, p);
+      store_copy<C, decltype(stream)::value>(x.param_copy, i, p);
       return nonfinite;
     });
   }
@@ -180,7 +218,7 @@ struct Kernels {
     const V eps = Ops::broadcast(k.eps);
     const V step_size = Ops::broadcast(k.step_size);
     const V l2_decay = Ops::broadcast(k.l2_decay);
-    return run_range(a, begin, end, [=](const KernelArrays& x, std::size_t i) {
+    return run_range(a, begin, end, [=](const KernelArrays& x, std::size_t i, auto stream) {
       V g = load<G>(x.grads, i) * scale;
       const std::uint32_t nonfinite = Ops::count_nonfinite(g);
       V p = Ops::load(x.params + i);
@@ -191,7 +229,7 @@ struct Kernels {
       p = Ops::fma(g / denom, step_size, p);
       Ops::store(x.params + i, p);
       store<S>(x.exp_avg_sq, i, sum);
-      store_copy<C>(x.param_copy, i, p);
+      store_copy<C, decltype(stream)::value>(x.param_copy, i, p);
       return nonfinite;
     });
   }
@@ -206,7 +244,7 @@ struct Kernels {
     const V one_minus_beta2 = Ops::broadcast(k.one_minus_beta2);
     const V neg_lr = Ops::broadcast(k.neg_lr);
     const V decoupled_decay = Ops::broadcast(k.decoupled_decay);
-    return run_range(a, begin, end, [=](const KernelArrays& x, std::size_t i) {
+    return run_range(a, begin, end, [=](const KernelArrays& x, std::size_t i, auto stream) {
       const V g = load<G>(x.grads, i) * scale;
       const std::uint32_t nonfinite = Ops::count_nonfinite(g);
       V p = Ops::load(x.params + i);
@@ -217,7 +255,7 @@ struct Kernels {
       m = Ops::fma(g, one_minus_beta2, m * beta2);
       Ops::store(x.params + i, p);
       store<S>(x.exp_avg, i, m);
-      store_copy<C>(x.param_copy, i, p);
+      store_copy<C, decltype(stream)::value>(x.param_copy, i, p);
       return nonfinite;
     });
   }

@@ -13,6 +13,7 @@ namespace {
 struct ScalarOps {
   using V = float;
   static constexpr std::size_t kWidth = 1;
+  static constexpr bool kCanStream = false;
 
   static V broadcast(float x) { return x; }
   static V load(const float* p) { return *p; }

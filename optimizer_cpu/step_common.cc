@@ -69,6 +69,7 @@ KernelArrays check_step_args(const StepArgs& args, bool uses_exp_avg, bool uses_
                       args.grad_dtype,
                       args.state_dtype,
                       copy_out,
+                      args.numel >= kStreamCopyMinElements,
                       args.grad_scale};
 }
 

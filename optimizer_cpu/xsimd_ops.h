@@ -20,6 +20,8 @@ template <class Arch>
 struct XsimdOps {
   using V = xsimd::batch<float, Arch>;
   static constexpr std::size_t kWidth = V::size;
+  // Whether stream_bf16/stream_fp16 (non-temporal, aligned) and fence() exist.
+  static constexpr bool kCanStream = false;
 
   static V broadcast(float x) { return V(x); }
   static V load(const float* p) { return V::load_unaligned(p); }

@@ -76,7 +76,9 @@ class PerLevelTest : public ::testing::TestWithParam<SimdLevel> {
 };
 
 INSTANTIATE_TEST_SUITE_P(Levels, PerLevelTest, ::testing::ValuesIn(available_simd_levels()),
-                         [](const auto& param_info) { return std::string(to_string(param_info.param)); });
+                         [](const auto& param_info) {
+                           return std::string(to_string(param_info.param));
+                         });
 
 TEST_P(PerLevelTest, ThreadCountDoesNotChangeResults) {
   const std::size_t n = 5 * 65536 + 7;
@@ -109,6 +111,36 @@ TEST_P(PerLevelTest, SplitAndAlignmentDoNotChangeResults) {
   }
   EXPECT_TRUE(whole.state() == split.state());
   EXPECT_TRUE(whole.state() == shifted.state());
+}
+
+// Large steps write the 16-bit copy with non-temporal stores from an aligned point on; the
+// result must be the same as the plain path's (two calls below the streaming threshold).
+TEST_P(PerLevelTest, StreamedCopyMatchesPlainCopy) {
+  const std::size_t n = (std::size_t{1} << 20) + 37;
+  for (DType copy_dtype : {DType::kBFloat16, DType::kFloat16}) {
+    SCOPED_TRACE(dtype_name(copy_dtype));
+    AdamProblem streamed(n, test_seed(), DType::kFloat32, DType::kFloat32, 1);
+    AdamProblem plain(n, test_seed(), DType::kFloat32, DType::kFloat32, 1);
+    Buffer streamed_copy(copy_dtype, n, 3), plain_copy(copy_dtype, n, 3);
+    AdamOptimizer opt;
+    StepArgs a = streamed.args(1);
+    a.param_copy = streamed_copy.data();
+    a.param_copy_dtype = copy_dtype;
+    (void)opt.step(a);
+    for (std::size_t begin : {std::size_t{0}, n / 2}) {
+      StepArgs b = plain.args(1, begin, begin == 0 ? n / 2 : n);
+      b.param_copy = static_cast<std::uint16_t*>(plain_copy.data()) + begin;
+      b.param_copy_dtype = copy_dtype;
+      (void)opt.step(b);
+    }
+    EXPECT_TRUE(streamed.state() == plain.state());
+    EXPECT_TRUE(streamed_copy.bytes() == plain_copy.bytes());
+    for (std::size_t i = 0; i < n; i += 4099) {
+      const float x = streamed.p.f32()[i];
+      ASSERT_EQ(streamed_copy.bits16(i),
+                copy_dtype == DType::kBFloat16 ? float_to_bf16(x) : float_to_fp16(x));
+    }
+  }
 }
 
 // Lion with beta1 = beta2 = 0 and lr = 0 stores exactly g * 1 as its state and leaves the
