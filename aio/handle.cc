@@ -314,7 +314,9 @@ class Worker {
     in_kernel_ -= static_cast<unsigned>(rc);
     for (int i = 0; i < rc; ++i) {
       const Completion& completion = completions_[static_cast<size_t>(i)];
-      if (completion.tag >= capacity_) continue;  // never happens with a correct engine
+      // Unknown tags never come from a correct engine; released slots only after an engine
+      // failure handled while this batch was being processed.
+      if (completion.tag >= capacity_ || slots_[completion.tag].part == nullptr) continue;
       on_complete(slots_[completion.tag], completion.result);
     }
   }

@@ -7,9 +7,12 @@
 // thread count), and each part into `block_size` requests.
 //
 // Any length at any offset: the 4096-aligned bulk goes straight to the file with O_DIRECT
-// when the user buffer allows it (or through aligned staging memory when it does not);
-// unaligned head and tail bytes go through an aligned bounce block (read-modify-write for
-// writes). Offsets are 64-bit: files beyond 4 GiB work. When the filesystem refuses
+// when the user buffer allows it (or through aligned staging memory when it does not).
+// Unaligned head and tail bytes of a read are fetched as an aligned block into bounce memory;
+// those of a write are written as exactly those bytes through a second, buffered descriptor
+// of the file, so the kernel's page cache does the read-modify-write: the file never grows
+// past the last byte written and neighbouring unaligned writes in flight at once cannot undo
+// each other (a user-space read-modify-write of a shared block could). Offsets are 64-bit: files beyond 4 GiB work. When the filesystem refuses
 // O_DIRECT (tmpfs answers EINVAL) the file is opened buffered instead, one warning line is
 // logged, and the path is listed by buffered_paths().
 //
