@@ -16,8 +16,10 @@
 #include <tbb/parallel_for.h>
 #include <tbb/partitioner.h>
 #include <torch/optim/adam.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -127,43 +129,101 @@ void fill(float* x, std::size_t n, std::uint64_t seed, float scale) {
   });
 }
 
-struct Triad {
-  double streaming_gbs;  // non-temporal stores (no read-for-ownership of a)
-  double plain_gbs;      // ordinary stores
+// The bandwidth loops, compiled for AVX-512 and a baseline and picked at run time like the
+// kernels, so that the reference is as fast as the machine allows.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define ZINF_BENCH_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+__attribute__((target("avx512f"))) void triad_streaming_avx512(float* a, const float* b,
+                                                               const float* c, float s,
+                                                               std::size_t lo, std::size_t hi) {
+  const __m512 vs = _mm512_set1_ps(s);
+  for (std::size_t i = lo; i < hi; i += 16) {
+    _mm512_stream_ps(a + i, _mm512_fmadd_ps(vs, _mm512_load_ps(c + i), _mm512_load_ps(b + i)));
+  }
+}
+#else
+#define ZINF_BENCH_CLONES
+#endif
+
+// a must be 16-byte aligned at lo; hi - lo a multiple of 16.
+void triad_streaming(float* a, const float* b, const float* c, float s, std::size_t lo,
+                     std::size_t hi) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (__builtin_cpu_supports("avx512f")) {
+    triad_streaming_avx512(a, b, c, s, lo, hi);
+    return;
+  }
+#endif
+  const __m128 vs = _mm_set1_ps(s);
+  for (std::size_t i = lo; i < hi; i += 4) {
+    _mm_stream_ps(a + i, _mm_add_ps(_mm_load_ps(b + i), _mm_mul_ps(vs, _mm_load_ps(c + i))));
+  }
+}
+
+ZINF_BENCH_CLONES void triad_plain(float* __restrict a, const float* __restrict b,
+                                   const float* __restrict c, float s, std::size_t lo,
+                                   std::size_t hi) {
+  for (std::size_t i = lo; i < hi; ++i) a[i] = b[i] + s * c[i];
+}
+
+// Adam's memory traffic without its arithmetic: read p, g, m, v; write p, m, v.
+ZINF_BENCH_CLONES void adam_skeleton(float* __restrict p, const float* __restrict g,
+                                     float* __restrict m, float* __restrict v, std::size_t lo,
+                                     std::size_t hi) {
+  for (std::size_t i = lo; i < hi; ++i) {
+    p[i] += g[i];
+    m[i] += g[i];
+    v[i] += g[i];
+  }
+}
+
+// Evicts the caches (L3 included: hundreds of MiB on big servers) by reading a buffer twice
+// their size, so that a timed loop neither reuses data left by an earlier one nor pays for
+// the write-back of another loop's dirty lines.
+class CacheFlusher {
+ public:
+  CacheFlusher() : buffer_(flush_elements()) { fill(buffer_.data, buffer_.numel, 9, 1.0f); }
+  void flush() {
+    parallel_tiles(buffer_.numel, [&](std::size_t lo, std::size_t hi) {
+      float sum = 0;
+      for (std::size_t i = lo; i < hi; i += 16) sum += buffer_.data[i];  // one per line
+      sink_ += sum;
+    });
+  }
+
+ private:
+  static std::size_t flush_elements() {
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    const std::size_t bytes = std::max<std::size_t>(std::size_t{512} << 20,
+                                                    2 * static_cast<std::size_t>(std::max(l3, 0L)));
+    return bytes / sizeof(float);
+  }
+  HugeArray<float> buffer_;
+  std::atomic<float> sink_{0};
 };
 
-// a = b + s * c over three arrays the size of one Adam state, best of 2 x `steps` runs.
-Triad measure_triad(std::size_t n, int warmup, int steps) {
-  HugeArray<float> a(n), b(n), c(n);
-  fill(a.data, n, 1, 1.0f);
-  fill(b.data, n, 2, 1.0f);
-  fill(c.data, n, 3, 1.0f);
-  const float s = 0.5f;
-  const double bytes = 12.0 * static_cast<double>(n);
-  auto streaming = [&] {
-    parallel_tiles(n, [&](std::size_t begin, std::size_t end) {
-      std::size_t i = begin;
-      for (; i + 4 <= end; i += 4) {
-        const __m128 r = _mm_add_ps(_mm_load_ps(b.data + i),
-                                    _mm_mul_ps(_mm_set1_ps(s), _mm_load_ps(c.data + i)));
-        _mm_stream_ps(a.data + i, r);
-      }
-      for (; i < end; ++i) a.data[i] = b.data[i] + s * c.data[i];
-    });
-    _mm_sfence();
-  };
-  auto plain = [&] {
-    parallel_tiles(n, [&](std::size_t begin, std::size_t end) {
-      float* __restrict pa = a.data;
-      const float* __restrict pb = b.data;
-      const float* __restrict pc = c.data;
-      for (std::size_t i = begin; i < end; ++i) pa[i] = pb[i] + s * pc[i];
-    });
-  };
-  Triad t{};
-  t.streaming_gbs = bytes / median_seconds(warmup, 2 * steps, streaming) / 1e9;
-  t.plain_gbs = bytes / median_seconds(warmup, 2 * steps, plain) / 1e9;
-  return t;
+// Seconds of one call of each of `loops`, interleaved round by round so that all of them see
+// the same background load (the machine may be shared), each after a cache flush: the median
+// per loop over `rounds` rounds, after `warmup` rounds.
+std::vector<double> interleaved_medians(int warmup, int rounds,
+                                        const std::vector<std::function<void()>>& loops) {
+  CacheFlusher flusher;
+  std::vector<std::vector<double>> t(loops.size());
+  for (int r = 0; r < warmup + rounds; ++r) {
+    for (std::size_t k = 0; k < loops.size(); ++k) {
+      flusher.flush();
+      const auto start = Clock::now();
+      loops[k]();
+      const double s = std::chrono::duration<double>(Clock::now() - start).count();
+      if (r >= warmup) t[k].push_back(s);
+    }
+  }
+  std::vector<double> medians;
+  for (auto& times : t) {
+    std::sort(times.begin(), times.end());
+    medians.push_back(times[times.size() / 2]);
+  }
+  return medians;
 }
 
 int run(const Options& o) {
@@ -171,15 +231,11 @@ int run(const Options& o) {
                               static_cast<std::size_t>(o.threads));
   at::set_num_threads(o.threads);
   const std::size_t n = o.numel;
+  const auto n64 = static_cast<std::int64_t>(n);
   std::printf("zinf_optimizer_bench: numel=%zu threads=%d simd=%s steps=%d (median) warmup=%d\n", n,
               o.threads, std::string(opt::active_simd_level()).c_str(), o.steps, o.warmup);
 
-  const Triad triad = measure_triad(n, o.warmup, o.steps);
-  const double triad_gbs = std::max(triad.streaming_gbs, triad.plain_gbs);
-  std::printf("triad a=b+s*c:          %7.2f GB/s streaming stores, %7.2f GB/s plain stores\n",
-              triad.streaming_gbs, triad.plain_gbs);
-
-  // zinf: fp32 master params, grads and states; the same data feeds torch below.
+  // zinf: fp32 master params, grads and states, and a bf16 copy.
   HugeArray<float> p(n), g(n), m(n), v(n);
   HugeArray<std::uint16_t> copy(n);
   fill(p.data, n, 11, 1.0f);
@@ -187,8 +243,6 @@ int run(const Options& o) {
   std::memset(m.data, 0, n * sizeof(float));
   std::memset(v.data, 0, n * sizeof(float));
   std::memset(copy.data, 0, n * sizeof(std::uint16_t));
-  const at::Tensor p0 = torch::from_blob(p.data, {static_cast<std::int64_t>(n)}).clone();
-  const at::Tensor g0 = torch::from_blob(g.data, {static_cast<std::int64_t>(n)}).clone();
 
   const opt::AdamConfig config{.lr = 1e-3f, .weight_decay = 0.0f, .adamw_mode = false};
   opt::AdamOptimizer adam(config);
@@ -199,51 +253,83 @@ int run(const Options& o) {
   args.exp_avg = m.data;
   args.exp_avg_sq = v.data;
   args.numel = n;
-  auto zinf_step = [&] {
+  auto zinf_step = [&](bool with_copy) {
     args.step = ++step;
+    args.param_copy = with_copy ? copy.data : nullptr;
+    args.param_copy_dtype = opt::DType::kBFloat16;
     const opt::StepResult r = adam.step(args);
     if (r.found_nonfinite()) std::fprintf(stderr, "unexpected non-finite gradients\n");
   };
-  const double zinf_s = median_seconds(o.warmup, o.steps, zinf_step);
-  const int zinf_fp32_steps = static_cast<int>(step);
 
-  // torch::optim::Adam on a copy of the same params and grads.
-  at::Tensor tp = p0.clone();
-  tp.mutable_grad() = g0.clone();
-  torch::optim::Adam torch_adam(std::vector<at::Tensor>{tp},
-                                torch::optim::AdamOptions(config.lr)
-                                    .betas({config.beta1, config.beta2})
-                                    .eps(config.eps)
-                                    .weight_decay(config.weight_decay));
-  int torch_steps = 0;
-  const double torch_s = median_seconds(o.warmup, o.steps, [&] {
-    (void)torch_adam.step();
-    ++torch_steps;
-  });
-  // Same data, same number of steps: the results must agree.
-  const at::Tensor zinf_p = torch::from_blob(p.data, {static_cast<std::int64_t>(n)});
-  const double max_err = (zinf_p - tp).abs().max().item<double>();
-  const double max_ref = tp.abs().max().item<double>();
+  // 1. torch::optim::Adam on a copy of the same params and grads; zinf then runs as many
+  //    steps on the originals and the two must agree.
+  double torch_s = 0;
+  double agreement = 0;
+  {
+    at::Tensor tp = torch::from_blob(p.data, {n64}).clone();
+    tp.mutable_grad() = torch::from_blob(g.data, {n64}).clone();
+    torch::optim::Adam torch_adam(std::vector<at::Tensor>{tp},
+                                  torch::optim::AdamOptions(config.lr)
+                                      .betas({config.beta1, config.beta2})
+                                      .eps(config.eps)
+                                      .weight_decay(config.weight_decay));
+    torch_s = median_seconds(o.warmup, o.steps, [&] { (void)torch_adam.step(); });
+    for (int i = 0; i < o.warmup + o.steps; ++i) zinf_step(false);
+    const at::Tensor zp = torch::from_blob(p.data, {n64});
+    agreement = (zp - tp).abs().max().item<double>() / tp.abs().max().item<double>();
+  }
 
-  // With the bf16 copy-out (continuing the same optimizer state).
-  args.param_copy = copy.data;
-  args.param_copy_dtype = opt::DType::kBFloat16;
-  const double zinf_bf16_s = median_seconds(o.warmup, o.steps, zinf_step);
+  // 2. zinf (fp32, and with the bf16 copy), the triad and Adam's memory skeleton,
+  //    interleaved. The reference loops get their own arrays, all 2 MiB aligned.
+  const std::size_t n16 = n / 16 * 16;  // whole vectors for the streaming triad
+  HugeArray<float> a(n), b(n), c(n), sp(n), sg(n), sm(n), sv(n);
+  for (float* x : {a.data, b.data, c.data, sp.data, sg.data, sm.data, sv.data}) {
+    fill(x, n, 5, 1.0f);
+  }
+  const float s = 0.5f;
+  const std::vector<double> t =
+      interleaved_medians(o.warmup, o.steps,
+                          {[&] { zinf_step(false); }, [&] { zinf_step(true); },
+                           [&] {
+                             parallel_tiles(n16, [&](std::size_t lo, std::size_t hi) {
+                               triad_streaming(a.data, b.data, c.data, s, lo, hi);
+                             });
+                             _mm_sfence();
+                           },
+                           [&] {
+                             parallel_tiles(n, [&](std::size_t lo, std::size_t hi) {
+                               triad_plain(a.data, b.data, c.data, s, lo, hi);
+                             });
+                           },
+                           [&] {
+                             parallel_tiles(n, [&](std::size_t lo, std::size_t hi) {
+                               adam_skeleton(sp.data, sg.data, sm.data, sv.data, lo, hi);
+                             });
+                           }});
+  const double gn = static_cast<double>(n) / 1e9;
+  const double zinf_gbs = 28.0 * gn / t[0];
+  const double zinf_bf16_gbs = 30.0 * gn / t[1];
+  const double triad_streaming_gbs = 12.0 * static_cast<double>(n16) / 1e9 / t[2];
+  const double triad_plain_gbs = 12.0 * gn / t[3];
+  const double triad_gbs = std::max(triad_streaming_gbs, triad_plain_gbs);
+  const double skeleton_gbs = 28.0 * gn / t[4];
 
-  const double gb = static_cast<double>(n) / 1e9;
-  const double zinf_gbs = 28.0 * gb / zinf_s;
-  const double zinf_bf16_gbs = 30.0 * gb / zinf_bf16_s;
-  std::printf("zinf Adam fp32:          %7.4f s/step %7.2f GB/s  %5.1f%% of triad\n", zinf_s,
-              zinf_gbs, 100.0 * zinf_gbs / triad_gbs);
-  std::printf("zinf Adam fp32+bf16 copy:%7.4f s/step %7.2f GB/s  %5.1f%% of triad\n", zinf_bf16_s,
-              zinf_bf16_gbs, 100.0 * zinf_bf16_gbs / triad_gbs);
-  std::printf("torch::optim::Adam:      %7.4f s/step %7.2f GB/s (same 28 B/param)\n", torch_s,
-              28.0 * gb / torch_s);
-  std::printf("speedup vs torch:        %7.2fx fp32, %.2fx with bf16 copy\n", torch_s / zinf_s,
-              torch_s / zinf_bf16_s);
-  std::printf("agreement after %d steps: max|p_zinf - p_torch| / max|p_torch| = %.2e\n",
-              zinf_fp32_steps, max_err / max_ref);
-  if (torch_steps != zinf_fp32_steps) std::fprintf(stderr, "step counts differ\n");
+  std::printf("triad a=b+s*c:             %7.2f GB/s (streaming stores; %.2f GB/s plain stores)\n",
+              triad_streaming_gbs, triad_plain_gbs);
+  std::printf("Adam skeleton (no math):   %7.2f GB/s (p+=g, m+=g, v+=g; 28 B/param)\n",
+              skeleton_gbs);
+  std::printf(
+      "zinf Adam fp32:            %7.4f s/step %7.2f GB/s = %5.1f%% of triad, %5.1f%% of "
+      "skeleton\n",
+      t[0], zinf_gbs, 100.0 * zinf_gbs / triad_gbs, 100.0 * zinf_gbs / skeleton_gbs);
+  std::printf(
+      "zinf Adam fp32 + bf16 copy:%7.4f s/step %7.2f GB/s = %5.1f%% of triad (30 B/param)\n", t[1],
+      zinf_bf16_gbs, 100.0 * zinf_bf16_gbs / triad_gbs);
+  std::printf("torch::optim::Adam:        %7.4f s/step %7.2f GB/s\n", torch_s, 28.0 * gn / torch_s);
+  std::printf("speedup vs torch:          %7.2fx fp32, %.2fx with bf16 copy\n", torch_s / t[0],
+              torch_s / t[1]);
+  std::printf("agreement after %d steps:  max|p_zinf - p_torch| / max|p_torch| = %.2e\n",
+              o.warmup + o.steps, agreement);
   return 0;
 }
 
