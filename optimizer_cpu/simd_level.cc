@@ -2,6 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
+
 #include <atomic>
 #include <cstdlib>
 #include <stdexcept>
@@ -11,6 +15,16 @@
 
 namespace zinf::optimizer_cpu {
 namespace {
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// F16C from CPUID leaf 1 (not every compiler's __builtin_cpu_supports knows "f16c"); its
+// register state is AVX's, whose OS support the avx2/avx512f checks below include.
+bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;
+  return (ecx & bit_F16C) != 0;
+}
+#endif
 
 // What the CPU and OS can run, ignoring what was compiled in.
 bool cpu_supports(SimdLevel level) {
@@ -22,11 +36,10 @@ bool cpu_supports(SimdLevel level) {
     case SimdLevel::kSse2:
       return __builtin_cpu_supports("sse2");
     case SimdLevel::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     case SimdLevel::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
-             __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+             __builtin_cpu_supports("fma") && cpu_has_f16c();
 #else
     case SimdLevel::kSse2:
     case SimdLevel::kAvx2:

@@ -10,6 +10,7 @@
 #include <random>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -77,12 +78,20 @@ TEST(HalfTest, Bf16IsRoundToNearestEven) {
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 __attribute__((target("f16c"))) std::uint16_t f16c_from_float(float x) {
-  return static_cast<std::uint16_t>(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
+  const __m128i h = _mm_cvtps_ph(_mm_set_ss(x), _MM_FROUND_TO_NEAREST_INT);
+  return static_cast<std::uint16_t>(_mm_extract_epi16(h, 0));
 }
-__attribute__((target("f16c"))) float f16c_to_float(std::uint16_t h) { return _cvtsh_ss(h); }
+__attribute__((target("f16c"))) float f16c_to_float(std::uint16_t h) {
+  return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
+
+bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
 
 TEST(HalfTest, Fp16MatchesF16c) {
-  if (!__builtin_cpu_supports("f16c")) GTEST_SKIP() << "no F16C on this CPU";
+  if (!cpu_has_f16c()) GTEST_SKIP() << "no F16C on this CPU";
   for (std::uint32_t bits = 0; bits <= 0xffff; ++bits) {
     const auto h = static_cast<std::uint16_t>(bits);
     ASSERT_EQ(std::bit_cast<std::uint32_t>(fp16_to_float(h)),
