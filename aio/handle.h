@@ -12,9 +12,9 @@
 // those of a write are written as exactly those bytes through a second, buffered descriptor
 // of the file, so the kernel's page cache does the read-modify-write: the file never grows
 // past the last byte written and neighbouring unaligned writes in flight at once cannot undo
-// each other (a user-space read-modify-write of a shared block could). Offsets are 64-bit: files beyond 4 GiB work. When the filesystem refuses
-// O_DIRECT (tmpfs answers EINVAL) the file is opened buffered instead, one warning line is
-// logged, and the path is listed by buffered_paths().
+// each other (a user-space read-modify-write of a shared block could). Offsets are 64-bit: files
+// beyond 4 GiB work. When the filesystem refuses O_DIRECT (tmpfs answers EINVAL) the file is opened
+// buffered instead, one warning line is logged, and the path is listed by buffered_paths().
 //
 // Writes create missing files (mode 0644) and never truncate. Short transfers continue
 // with the remainder, EINTR/EAGAIN are retried, and every other failure surfaces as an

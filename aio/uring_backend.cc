@@ -1,11 +1,14 @@
 // io_uring engine (liburing): one ring per backend, sized to the queue depth, with an
 // optional registered file table and fixed buffers.
 //
-// What pays off was measured with fio 3.33 on this project's development machine (ext4 on a
-// virtio disk, O_DIRECT, sequential 1 MiB and 8 MiB blocks, depth 8-32): registered files
-// and fixed buffers made no difference above run-to-run noise at these block sizes (the
-// per-request cost they save is a few microseconds against milliseconds of transfer), so
-// AioHandle does not use them; the engine still supports both for small-block callers.
+// What pays off was measured with fio 3.33 (io_uring engine, with and without --fixedbufs
+// --registerfiles), sequential 2 GiB, O_DIRECT, iodepth 8, 1 MiB and 8 MiB blocks,
+// interleaved rounds, on the development VM: on ext4/virtio the run-to-run spread
+// (0.2-2.5 GB/s on a shared disk) exceeded any difference (medians mixed: read +7%/+39%,
+// write -40%/0%); on tmpfs fixed buffers gained on reads (median 1 MiB 7.0 vs 4.6 GB/s,
+// 8 MiB 3.9 vs 3.3) but not on writes. Registration needs buffers known up front, and
+// AioHandle transfers arbitrary user memory, so the handle does not register; the engine
+// supports both (Request::buffer_index / file_index) for a caller with a fixed buffer pool.
 #include <liburing.h>
 
 #include <cerrno>
