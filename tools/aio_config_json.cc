@@ -18,7 +18,8 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 std::invalid_argument key_error(std::string_view key, const Json& value, std::string_view why) {
-  return std::invalid_argument(fmt::format("config key aio.{}: {} (got {})", key, why, value.dump()));
+  return std::invalid_argument(
+      fmt::format("config key aio.{}: {} (got {})", key, why, value.dump()));
 }
 
 int64_t whole_number(std::string_view key, const Json& value, int64_t min, int64_t max) {
@@ -119,10 +120,12 @@ void write_aio_block(const std::string& path, const aio::AioConfig& config) {
       try {
         root = Json::parse(text.str());
       } catch (const Json::parse_error& e) {
-        throw std::runtime_error(fmt::format("{}: not valid JSON, left unchanged: {}", path, e.what()));
+        throw std::runtime_error(
+            fmt::format("{}: not valid JSON, left unchanged: {}", path, e.what()));
       }
       if (!root.is_object()) {
-        throw std::runtime_error(fmt::format("{}: the top level is not a JSON object, left unchanged", path));
+        throw std::runtime_error(
+            fmt::format("{}: the top level is not a JSON object, left unchanged", path));
       }
     } else if (errno != ENOENT) {
       throw std::runtime_error(fmt::format("{}: cannot read: {}", path, std::strerror(errno)));
@@ -133,7 +136,8 @@ void write_aio_block(const std::string& path, const aio::AioConfig& config) {
 
   std::string temp = path + ".zinf-tmp";
   int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw std::runtime_error(fmt::format("{}: cannot create: {}", temp, std::strerror(errno)));
+  if (fd < 0)
+    throw std::runtime_error(fmt::format("{}: cannot create: {}", temp, std::strerror(errno)));
   size_t done = 0;
   while (done < text.size()) {
     ssize_t n = ::write(fd, text.data() + done, text.size() - done);
@@ -156,7 +160,8 @@ void write_aio_block(const std::string& path, const aio::AioConfig& config) {
   if (::rename(temp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(temp.c_str());
-    throw std::runtime_error(fmt::format("{}: rename to {} failed: {}", temp, path, std::strerror(err)));
+    throw std::runtime_error(
+        fmt::format("{}: rename to {} failed: {}", temp, path, std::strerror(err)));
   }
 }
 

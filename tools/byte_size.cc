@@ -45,9 +45,10 @@ double multiplier_for(std::string_view suffix) {
 
 uint64_t parse_byte_size(std::string_view text, std::string_view what) {
   auto fail = [&](std::string_view why) {
-    return std::invalid_argument(fmt::format("{}: '{}' is not a byte size ({}); examples: "
-                                             "4096, 512K, 8M, 2G, 1.5GiB, 5GB, 1e9",
-                                             what, text, why));
+    return std::invalid_argument(
+        fmt::format("{}: '{}' is not a byte size ({}); examples: "
+                    "4096, 512K, 8M, 2G, 1.5GiB, 5GB, 1e9",
+                    what, text, why));
   };
   size_t begin = 0;
   while (begin < text.size() && std::isspace(static_cast<unsigned char>(text[begin]))) ++begin;

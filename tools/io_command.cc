@@ -129,7 +129,8 @@ void run_io_command(const IoOptions& o) {
     out["aio"] = aio_config_to_json(job.aio);
     out["loops"] = nlohmann::ordered_json::array();
     for (const IoLoop& l : r.loops) {
-      out["loops"].push_back({{"seconds", l.seconds}, {"gb_per_s", l.gb_per_s}, {"gib_per_s", l.gib_per_s}});
+      out["loops"].push_back(
+          {{"seconds", l.seconds}, {"gb_per_s", l.gb_per_s}, {"gib_per_s", l.gib_per_s}});
     }
     out["median"] = {{"seconds", r.median.seconds},
                      {"gb_per_s", r.median.gb_per_s},
@@ -139,11 +140,12 @@ void run_io_command(const IoOptions& o) {
     std::cout << out.dump(2) << "\n";
     return;
   }
-  fmt::print("  {:>6} {:>10.4f} {:>9.3f} {:>9.3f}\n", "median", r.median.seconds,
-             r.median.gb_per_s, r.median.gib_per_s);
+  fmt::print("  {:>6} {:>10.4f} {:>9.3f} {:>9.3f}\n", "median", r.median.seconds, r.median.gb_per_s,
+             r.median.gib_per_s);
   fmt::print("  file {}: {}{}{}\n", r.file,
-             r.direct_io ? "O_DIRECT" : "buffered (the filesystem refused O_DIRECT: figures "
-                                        "include the page cache)",
+             r.direct_io ? "O_DIRECT"
+                         : "buffered (the filesystem refused O_DIRECT: figures "
+                           "include the page cache)",
              r.prepared_file ? "; written once before the timed reads" : "",
              r.validated ? "; validated: every byte matched" : "");
   fmt::print("  GB = 10^9 bytes, GiB = 2^30 bytes\n");
@@ -165,7 +167,9 @@ void run_tune_command(const TuneFlags& f) {
   options.budget_seconds = f.budget_s;
   options.loops = f.loops;
   auto kind = aio::parse_backend(f.aio.backend);
-  if (!kind) throw std::invalid_argument(fmt::format("--backend: '{}' is not one of io_uring, libaio, psync", f.aio.backend));
+  if (!kind)
+    throw std::invalid_argument(
+        fmt::format("--backend: '{}' is not one of io_uring, libaio, psync", f.aio.backend));
   options.backend = *kind;
   std::error_code ec;
   if (!std::filesystem::is_directory(options.folder, ec)) {
@@ -177,9 +181,10 @@ void run_tune_command(const TuneFlags& f) {
              format_bytes(options.size_bytes), options.folder, aio::to_string(options.backend),
              options.budget_seconds);
   TuneResult r = run_nvme_tune(options, {}, [](int i, int planned, const TuneRun& run) {
-    fmt::print("  [{:>2}/{:>2}] {:<72} write {:6.3f} GB/s  read {:6.3f} GB/s  sum {:6.3f}  ({:.1f} s)\n",
-               i, planned, describe(run.config), run.write_gb_per_s, run.read_gb_per_s,
-               run.score(), run.seconds);
+    fmt::print(
+        "  [{:>2}/{:>2}] {:<72} write {:6.3f} GB/s  read {:6.3f} GB/s  sum {:6.3f}  ({:.1f} s)\n",
+        i, planned, describe(run.config), run.write_gb_per_s, run.read_gb_per_s, run.score(),
+        run.seconds);
     std::fflush(stdout);
   });
   fmt::print("{} runs (the full grid is {} runs){}\n", r.runs.size(), TuneResult::kFullGridRuns,

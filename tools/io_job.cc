@@ -103,10 +103,9 @@ IoJobResult run_io_job(const IoJob& job, const std::function<void(int, const IoL
   aio::PinnedBuffer buffer(job.size_bytes);
 
   // A read job needs a file at least `size` long; with --validate it must hold the pattern.
-  struct stat st{};
+  struct stat st {};
   bool exists = ::stat(result.file.c_str(), &st) == 0;
-  bool need_pattern = job.validate || !exists ||
-                      static_cast<uint64_t>(st.st_size) < job.size_bytes;
+  bool need_pattern = job.validate || !exists || static_cast<uint64_t>(st.st_size) < job.size_bytes;
   if (job.write || need_pattern) fill_pattern(buffer.data(), job.size_bytes);
   if (!job.write && need_pattern) {
     handle.pwrite(buffer.data(), job.size_bytes, result.file, 0);

@@ -21,7 +21,7 @@ struct IoJob {
   bool write = true;        // false: read
   aio::AioConfig aio;
   int loops = 3;
-  bool validate = false;  // write a pattern, read back, compare (read jobs: compare each loop)
+  bool validate = false;   // write a pattern, read back, compare (read jobs: compare each loop)
   bool keep_file = false;  // keep zinf-io.dat in a folder after the job
 };
 
@@ -32,10 +32,10 @@ struct IoLoop {
 };
 
 struct IoJobResult {
-  std::string file;               // the file actually used
-  bool direct_io = true;          // false: the filesystem refused O_DIRECT
-  bool prepared_file = false;     // a read job had to write the file first (untimed)
-  bool validated = false;         // --validate ran and every byte matched
+  std::string file;            // the file actually used
+  bool direct_io = true;       // false: the filesystem refused O_DIRECT
+  bool prepared_file = false;  // a read job had to write the file first (untimed)
+  bool validated = false;      // --validate ran and every byte matched
   std::vector<IoLoop> loops;
   IoLoop median;
 };

@@ -43,7 +43,7 @@ struct TuneRun {
 struct TuneResult {
   std::vector<TuneRun> runs;  // in the order they ran
   TuneRun best;
-  int planned_runs = 0;        // coarse + refine points the search would make
+  int planned_runs = 0;  // coarse + refine points the search would make
   bool budget_exhausted = false;
   static constexpr int kFullGridRuns = 64;
 };

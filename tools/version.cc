@@ -36,7 +36,8 @@ std::string cuda_status() {
   cudaRuntimeGetVersion(&runtime);
   int devices = 0;
   cudaError_t err = cudaGetDeviceCount(&devices);
-  std::string built = fmt::format("built with CUDA runtime {}.{}", runtime / 1000, (runtime % 1000) / 10);
+  std::string built =
+      fmt::format("built with CUDA runtime {}.{}", runtime / 1000, (runtime % 1000) / 10);
   if (err != cudaSuccess) {
     return fmt::format("{}; no usable device: {}", built, cudaGetErrorString(err));
   }
@@ -50,7 +51,8 @@ std::string cuda_status() {
 
 std::string version_text() {
   std::string text = fmt::format("zinf {}\n", ZINF_VERSION);
-  for (auto kind : {aio::BackendKind::kIoUring, aio::BackendKind::kLibaio, aio::BackendKind::kPsync}) {
+  for (auto kind :
+       {aio::BackendKind::kIoUring, aio::BackendKind::kLibaio, aio::BackendKind::kPsync}) {
     text += fmt::format("aio backend {}: {}\n", aio::to_string(kind), backend_status(kind));
   }
   std::string levels;
