@@ -158,6 +158,12 @@ void NvmeStore::Queue::wait() {
     error.emplace(ErrorKind::kIo,
                   std::string("I/O error on swap file ") + store_.path_ + ": " + e.what());
   }
+  // Whether the file went buffered is known once this handle has opened it.
+  bool buffered = false;
+  if (!checked_buffered_ && !pending_.empty()) {
+    checked_buffered_ = true;
+    buffered = !io_.buffered_paths().empty();
+  }
   // Verify reads outside the store's lock: hashing is the expensive part.
   if (!error) {
     for (const Pending& p : pending_) {
@@ -176,6 +182,7 @@ void NvmeStore::Queue::wait() {
   }
   {
     std::lock_guard lock(store_.mutex_);
+    store_.buffered_ = store_.buffered_ || buffered;
     for (const Pending& p : pending_) {
       Extent& extent = store_.extents_[p.id];
       if (p.is_write) {
@@ -223,43 +230,67 @@ NvmeStore::NvmeStore(NvmeStoreConfig config) : config_(std::move(config)) {
   }
   make_directory(swap_root);
   make_directory(directory_);
-  take_lock_and_replace_stale();
-  sync_queue_ = make_queue();
+  try {
+    take_lock_and_replace_stale();
+    sync_queue_ = make_queue();
+  } catch (...) {
+    // No destructor runs for a throwing constructor: leave nothing on disk, except the
+    // files of a live process holding the lock (not ours: lock_fd_ is empty then).
+    if (lock_fd_) {
+      remove_files();
+    }
+    throw;
+  }
 }
 
 NvmeStore::~NvmeStore() {
   sync_queue_.reset();
-  if (file_fd_ >= 0) {
-    ::close(file_fd_);
-  }
+  remove_files();
+}
+
+void NvmeStore::remove_files() noexcept {
+  file_fd_.reset();
   ::unlink(path_.c_str());
+  // Unlinked while still locked: a process that opened the old lock file meanwhile finds
+  // it unlinked once it gets the lock, and retries (take_lock_and_replace_stale).
   ::unlink(lock_path_.c_str());
-  if (lock_fd_ >= 0) {
-    ::close(lock_fd_);
-  }
-  // Removed only when empty: other stores of this rank may still live there.
+  lock_fd_.reset();
+  // Removed only when empty: other stores (of this process or another) may live there.
   ::rmdir(directory_.c_str());
   ::rmdir((config_.nvme_path + "/zinf_swap").c_str());
 }
 
 void NvmeStore::take_lock_and_replace_stale() {
-  lock_fd_ = ::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock_fd_ < 0) {
-    throw OffloadError(ErrorKind::kIo,
-                       "cannot open swap lock file " + lock_path_ + ": " + errno_text(errno));
-  }
-  int rc = 0;
-  do {
-    rc = ::flock(lock_fd_, LOCK_EX | LOCK_NB);
-  } while (rc != 0 && errno == EINTR);
-  if (rc != 0) {
-    const int error = errno;
-    ::close(lock_fd_);
-    lock_fd_ = -1;
-    throw OffloadError(ErrorKind::kIo, "swap file " + path_ +
-                                           " is in use by another live process (lock " +
-                                           lock_path_ + ": " + errno_text(error) +
-                                           "); give each run its own nvme_path or rank");
+  for (;;) {
+    aio::UniqueFd fd(::open(lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+    if (!fd) {
+      throw OffloadError(ErrorKind::kIo,
+                         "cannot open swap lock file " + lock_path_ + ": " + errno_text(errno));
+    }
+    int rc = 0;
+    do {
+      rc = ::flock(fd.get(), LOCK_EX | LOCK_NB);
+    } while (rc != 0 && errno == EINTR);
+    if (rc != 0) {
+      const int error = errno;
+      throw OffloadError(ErrorKind::kIo, "swap file " + path_ +
+                                             " is in use by another live process (lock " +
+                                             lock_path_ + ": " + errno_text(error) +
+                                             "); give each run its own nvme_path or rank");
+    }
+    // The lock is ours only if the file we locked is still the one at lock_path_: its
+    // previous owner unlinks it at exit, possibly between our open and our flock.
+    struct stat locked {};
+    struct stat current {};
+    if (::fstat(fd.get(), &locked) != 0) {
+      throw OffloadError(ErrorKind::kIo,
+                         "fstat of swap lock file " + lock_path_ + " failed: " + errno_text(errno));
+    }
+    if (::stat(lock_path_.c_str(), &current) == 0 && current.st_dev == locked.st_dev &&
+        current.st_ino == locked.st_ino) {
+      lock_fd_ = std::move(fd);
+      break;
+    }
   }
   struct stat st {};
   if (::stat(path_.c_str(), &st) == 0) {
@@ -273,8 +304,8 @@ void NvmeStore::take_lock_and_replace_stale() {
                          "cannot remove stale swap file " + path_ + ": " + errno_text(errno));
     }
   }
-  file_fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (file_fd_ < 0) {
+  file_fd_ = aio::UniqueFd(::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!file_fd_) {
     throw OffloadError(ErrorKind::kIo,
                        "cannot create swap file " + path_ + ": " + errno_text(errno));
   }
@@ -372,7 +403,7 @@ void NvmeStore::reserve_locked() {
   }
   const uint64_t needed = end_ - reserved_;
   struct statvfs fs {};
-  if (::fstatvfs(file_fd_, &fs) != 0) {
+  if (::fstatvfs(file_fd_.get(), &fs) != 0) {
     throw OffloadError(ErrorKind::kIo,
                        "statvfs of swap file " + path_ + " failed: " + errno_text(errno));
   }
@@ -386,7 +417,7 @@ void NvmeStore::reserve_locked() {
   }
   int rc = 0;
   do {
-    rc = ::fallocate(file_fd_, 0, static_cast<off_t>(reserved_), static_cast<off_t>(needed));
+    rc = ::fallocate(file_fd_.get(), 0, static_cast<off_t>(reserved_), static_cast<off_t>(needed));
   } while (rc != 0 && errno == EINTR);
   if (rc != 0) {
     const int error = errno;
@@ -399,7 +430,7 @@ void NvmeStore::reserve_locked() {
       throw OffloadError(ErrorKind::kIo,
                          "fallocate of swap file " + path_ + " failed: " + errno_text(error));
     }
-    if (::ftruncate(file_fd_, static_cast<off_t>(end_)) != 0) {  // no fallocate here
+    if (::ftruncate(file_fd_.get(), static_cast<off_t>(end_)) != 0) {  // no fallocate here
       throw OffloadError(ErrorKind::kIo,
                          "ftruncate of swap file " + path_ + " failed: " + errno_text(errno));
     }
@@ -479,11 +510,9 @@ NvmeStoreStats NvmeStore::stats() const {
     stats.writes = writes_;
     stats.file_bytes = end_;
     stats.reserved_bytes = reserved_;
+    stats.buffered = buffered_;
   }
   stats.replaced_stale = replaced_stale_;
-  if (sync_queue_) {
-    stats.buffered = !sync_queue_->io_.buffered_paths().empty();
-  }
   return stats;
 }
 

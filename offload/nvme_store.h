@@ -14,7 +14,7 @@
 // Lifetime on disk: a `<name>.lock` beside the file is flock()ed while the store lives. A
 // swap file whose lock nobody holds is left over from a crashed run: it is reported (one
 // warning) and replaced. A lock held by a live process is an error. The destructor (clean
-// exit) removes the file, the lock and the directories it made, when empty.
+// exit) removes the file, the lock, and rank<r>/ and zinf_swap/ when they are empty.
 //
 // Integrity: every extent remembers whether its last write completed; reading one whose
 // write failed (a torn extent) or that was never written is an error, never stale bytes.
@@ -23,7 +23,8 @@
 //
 // Thread safety: every method of NvmeStore may be called from any thread. A Queue belongs
 // to one thread at a time; several queues may run concurrently on one store, provided no
-// extent is read or written by two of them at once. Queues must not outlive their store.
+// extent is written while another transfer of it (on any queue) is in flight, and none is
+// freed while one is. Queues must not outlive their store.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +35,7 @@
 #include <vector>
 
 #include "aio/config.h"
+#include "aio/file_cache.h"
 #include "aio/handle.h"
 
 namespace zinf::offload {
@@ -113,6 +115,7 @@ class NvmeStore {
     NvmeStore& store_;
     aio::AioHandle io_;
     std::vector<Pending> pending_;
+    bool checked_buffered_ = false;  // io_'s O_DIRECT fallback reported to the store
   };
 
   // Creates the directory, takes the lock, replaces a stale swap file. Throws
@@ -166,14 +169,16 @@ class NvmeStore {
   Extent& checked(ExtentId id, uint64_t offset, uint64_t bytes, const char* op);
   void reserve_locked();
   void take_lock_and_replace_stale();
+  // Removes the swap file, the lock file and the rank<r>/ and zinf_swap/ directories when
+  // they are empty.
+  void remove_files() noexcept;
 
   const NvmeStoreConfig config_;
   std::string directory_;
   std::string path_;
   std::string lock_path_;
-  std::vector<std::string> made_directories_;  // deepest last; removed when empty
-  int lock_fd_ = -1;
-  int file_fd_ = -1;  // kept open for fallocate
+  aio::UniqueFd lock_fd_;  // flock()ed while the store lives
+  aio::UniqueFd file_fd_;  // kept open for fallocate
 
   mutable std::mutex mutex_;
   std::vector<Extent> extents_;              // guarded by mutex_; index = ExtentId
@@ -184,6 +189,7 @@ class NvmeStore {
   uint64_t bytes_written_ = 0;               // guarded by mutex_
   uint64_t reads_ = 0;                       // guarded by mutex_
   uint64_t writes_ = 0;                      // guarded by mutex_
+  bool buffered_ = false;                    // guarded by mutex_: some queue fell back
   bool replaced_stale_ = false;              // set in the constructor only
 
   std::mutex sync_mutex_;

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <utility>
 
 #include "offload/error.h"
 
@@ -21,16 +22,10 @@ ParamSwapper::ParamSwapper(const ParamSwapperConfig& config, NvmeStore& store,
   pool_ = std::make_unique<PinnedBufferPool>(config_.buffer_count,
                                              config_.buffer_size * config_.element_bytes,
                                              accelerator, "param pool (offload_param)");
-  queue_ = store_.make_queue();
 }
 
-ParamSwapper::~ParamSwapper() {
-  try {
-    queue_->wait();  // no read may land in a buffer after it went back to the pool
-  } catch (const std::exception&) {
-    // The swapper is going away: nobody is left to read the partition.
-  }
-}
+// Each partition's queue drains its reads before its buffers go (see Partition).
+ParamSwapper::~ParamSwapper() = default;
 
 ParamSwapper::Partition& ParamSwapper::get(ParamId id) {
   if (id >= partitions_.size()) {
@@ -50,6 +45,26 @@ uint64_t ParamSwapper::chunk_numel(const Partition& p, size_t chunk) const {
   return std::min(config_.buffer_size, p.numel - chunk * config_.buffer_size);
 }
 
+ParamSwapper::QueuePtr ParamSwapper::take_queue() {
+  if (idle_queues_.empty()) {
+    return store_.make_queue();
+  }
+  QueuePtr queue = std::move(idle_queues_.back());
+  idle_queues_.pop_back();
+  return queue;
+}
+
+void ParamSwapper::return_queue(QueuePtr queue) noexcept {
+  if (queue == nullptr || queue->pending() != 0) {
+    return;  // not drained: let its destructor wait rather than reuse it
+  }
+  try {
+    idle_queues_.push_back(std::move(queue));
+  } catch (...) {
+    // No room to keep it: it is simply closed.
+  }
+}
+
 ParamId ParamSwapper::add(uint64_t numel, const void* initial) {
   if (numel == 0) {
     throw OffloadError(ErrorKind::kUsage, "param partition of 0 elements");
@@ -60,22 +75,39 @@ ParamId ParamSwapper::add(uint64_t numel, const void* initial) {
   if (numel <= config_.max_in_cpu - cpu_elements_) {
     p.cpu = std::make_unique<aio::PinnedBuffer>(bytes);
     std::memcpy(p.cpu->data(), initial, bytes);
+    partitions_.push_back(std::move(p));
     cpu_elements_ += numel;
     counters_.add_cpu_written(bytes);
-  } else {
-    const uint64_t chunks = (numel + config_.buffer_size - 1) / config_.buffer_size;
+    return static_cast<ParamId>(partitions_.size() - 1);
+  }
+  const uint64_t chunks = (numel + config_.buffer_size - 1) / config_.buffer_size;
+  try {
     for (uint64_t c = 0; c < chunks; ++c) {
       p.chunks.push_back(store_.allocate(chunk_numel(p, c) * config_.element_bytes));
     }
+    // A queue of its own: the writes must not wait for (or collect) reads in flight.
+    QueuePtr queue = take_queue();
     const auto* src = static_cast<const std::byte*>(initial);
     for (uint64_t c = 0; c < chunks; ++c) {
-      queue_->async_write(p.chunks[c], src + c * config_.buffer_size * config_.element_bytes);
+      queue->async_write(p.chunks[c], src + c * config_.buffer_size * config_.element_bytes);
     }
-    ScopedTime time(counters_, Counters::Clock::kIoWait);
-    queue_->wait();
-    counters_.add_nvme_written(bytes);
+    {
+      ScopedTime time(counters_, Counters::Clock::kIoWait);
+      queue->wait();  // on failure `queue` is drained too: its destructor has nothing to do
+    }
+    return_queue(std::move(queue));
+    partitions_.push_back(std::move(p));
+  } catch (...) {
+    for (ExtentId extent : p.chunks) {
+      try {
+        store_.free(extent);
+      } catch (...) {
+        // Only an extent still being written can refuse; the queue above has drained.
+      }
+    }
+    throw;
   }
-  partitions_.push_back(std::move(p));
+  counters_.add_nvme_written(bytes);
   return static_cast<ParamId>(partitions_.size() - 1);
 }
 
@@ -89,37 +121,44 @@ bool ParamSwapper::resident(ParamId id) const {
 }
 
 void ParamSwapper::queue_reads(Partition& p) {
-  for (size_t c = 0; c < p.chunks.size(); ++c) {
-    queue_->async_read(p.chunks[c], p.buffers[c].data());
+  QueuePtr queue;
+  try {
+    queue = take_queue();
+    for (size_t c = 0; c < p.chunks.size(); ++c) {
+      queue->async_read(p.chunks[c], p.buffers[c].data());
+    }
+  } catch (...) {
+    // Chunks queued before the failure may still land in the buffers: drain, then drop
+    // them, so the partition is not left "resident" with contents nobody read.
+    if (queue != nullptr) {
+      try {
+        queue->wait();
+      } catch (...) {
+        // Their contents are discarded with the buffers anyway.
+      }
+      return_queue(std::move(queue));
+    }
+    p.buffers.clear();
+    throw;
   }
-  p.reading = true;
+  p.reads = std::move(queue);
 }
 
-void ParamSwapper::wait_reads() {
-  std::vector<Partition*> reading;
-  for (Partition& p : partitions_) {
-    if (p.reading) {
-      reading.push_back(&p);
-    }
-  }
-  if (reading.empty()) {
+void ParamSwapper::wait_reads(Partition& p) {
+  if (p.reads == nullptr) {
     return;
   }
   try {
     ScopedTime time(counters_, Counters::Clock::kIoWait);
-    queue_->wait();
+    p.reads->wait();
   } catch (...) {
-    // What those buffers hold is unknown: drop them, so a later swap_in reads again.
-    for (Partition* p : reading) {
-      p->reading = false;
-      p->buffers.clear();
-    }
+    // What the buffers hold is unknown: drop them, so a later swap_in reads again.
+    return_queue(std::move(p.reads));
+    p.buffers.clear();
     throw;
   }
-  for (Partition* p : reading) {
-    p->reading = false;
-    counters_.add_nvme_read(p->numel * config_.element_bytes);
-  }
+  return_queue(std::move(p.reads));
+  counters_.add_nvme_read(p.numel * config_.element_bytes);
 }
 
 size_t ParamSwapper::prefetch(std::span<const ParamId> ids) {
@@ -167,9 +206,7 @@ ParamView ParamSwapper::swap_in(ParamId id) {
     p.buffers = pool_->acquire(p.chunks.size());
     queue_reads(p);
   }
-  if (p.reading) {
-    wait_reads();
-  }
+  wait_reads(p);
   for (size_t c = 0; c < p.chunks.size(); ++c) {
     view.chunks.push_back({p.buffers[c].data(), chunk_numel(p, c)});
   }
@@ -178,8 +215,10 @@ ParamView ParamSwapper::swap_in(ParamId id) {
 
 void ParamSwapper::release(ParamId id) {
   Partition& p = get(id);
-  if (p.reading) {
-    wait_reads();  // the kernel may still be writing into the buffers
+  try {
+    wait_reads(p);  // the kernel may still be writing into the buffers
+  } catch (const OffloadError&) {
+    // The data is being discarded: a failed read of it changes nothing.
   }
   p.buffers.clear();
 }
@@ -203,8 +242,11 @@ void ParamSwapper::write_back_range(ParamId id, uint64_t offset, const void* dat
     counters_.add_cpu_written(numel * eb);
     return;
   }
-  if (p.reading) {
-    wait_reads();
+  try {
+    wait_reads(p);  // a resident view is patched below: its reads must have landed
+  } catch (const OffloadError&) {
+    // The view was dropped; the write below goes to the store all the same, and the next
+    // swap_in reads the stored values (reporting the error again if it persists).
   }
   const uint64_t end = offset + numel;
   for (size_t c = 0; c < p.chunks.size(); ++c) {
@@ -232,9 +274,7 @@ void ParamSwapper::read(ParamId id, void* dst) {
     counters_.add_cpu_read(p.numel * eb);
     return;
   }
-  if (p.reading) {
-    wait_reads();
-  }
+  // No need to wait for reads in flight into the pool buffers: both only read the extents.
   for (size_t c = 0; c < p.chunks.size(); ++c) {
     store_.read(p.chunks[c], out + c * config_.buffer_size * eb);
   }

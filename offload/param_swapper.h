@@ -14,12 +14,20 @@
 //
 // prefetch() queues the reads of the given partitions as far as buffers are free now (it
 // never blocks on the pool); swap_in() returns a view of the partition, reading it first
-// if it was not prefetched, and waiting for the prefetch reads still in flight (all of
-// them: they share one I/O queue). release() gives the buffers back without writing
+// if it was not prefetched. Every partition in flight has its own I/O queue (its own aio
+// handle, taken from a small set that grows on demand to at most one per pool buffer and
+// is reused), so swap_in() waits for that partition's reads only, never for a later or
+// slower prefetch of another one. release() gives the buffers back without writing
 // anything (params are read-only between optimizer steps); write_back() stores new values
 // (after the optimizer step) in CPU memory or on NVMe, and refreshes a resident view.
 //
-// Pinned memory: buffer_count x buffer_size x element_bytes, fixed at construction.
+// Errors: a failed or corrupt read is thrown by the swap_in() that waits for it, and the
+// partition is then not resident (its buffers went back): the next swap_in() reads again.
+// release() discards a partition's data, so it waits for its reads but does not report
+// their errors. A failed add() leaves no partition and no extent behind.
+//
+// Pinned memory: buffer_count x buffer_size x element_bytes, fixed at construction. I/O
+// threads: intra_op_parallelism per queue, at most buffer_count + 1 queues.
 //
 // Thread safety: one driving thread calls everything except counters(), which may be
 // called from any thread; the I/O runs on aio's workers. Views stay valid until the
@@ -106,25 +114,34 @@ class ParamSwapper {
   [[nodiscard]] OffloadCounters counters() const;
 
  private:
+  using QueuePtr = std::unique_ptr<NvmeStore::Queue>;
+
   struct Partition {
     uint64_t numel = 0;
     std::unique_ptr<aio::PinnedBuffer> cpu;        // the values, when kept in CPU memory
     std::vector<ExtentId> chunks;                  // NVMe: one extent per buffer_size elements
     std::vector<PinnedBufferPool::Lease> buffers;  // resident NVMe partition
-    bool reading = false;                          // reads queued, not yet waited for
+    // The queue its reads are in flight on (null when none). After `buffers`: destroyed
+    // first, and its destructor drains the reads before the buffers go back to the pool.
+    QueuePtr reads;
   };
 
   Partition& get(ParamId id);
   const Partition& get(ParamId id) const;
   uint64_t chunk_numel(const Partition& p, size_t chunk) const;
+  // An idle queue (made when none is), and back to the idle set once drained.
+  QueuePtr take_queue();
+  void return_queue(QueuePtr queue) noexcept;
+  // Queues the reads of every chunk of `p` into its buffers on a queue of its own.
   void queue_reads(Partition& p);
-  void wait_reads();
+  // Waits for `p`'s reads (and nothing else). On failure drops its buffers and throws.
+  void wait_reads(Partition& p);
 
   const ParamSwapperConfig config_;
   NvmeStore& store_;
   std::unique_ptr<PinnedBufferPool> pool_;
-  std::unique_ptr<NvmeStore::Queue> queue_;  // after pool_: drained before buffers go
-  std::vector<Partition> partitions_;
+  std::vector<QueuePtr> idle_queues_;  // drained queues, reused by later reads and adds
+  std::vector<Partition> partitions_;  // after idle_queues_: their in-flight queues drain first
   uint64_t cpu_elements_ = 0;
   Counters counters_;
 };

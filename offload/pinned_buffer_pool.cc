@@ -19,19 +19,21 @@ namespace zinf::offload {
 struct PinnedBufferPool::Shared {
   Shared(size_t count, size_t bytes, Accelerator* accel) : accelerator(accel) {
     buffers.reserve(count);
-    for (size_t i = 0; i < count; ++i) {
-      buffers.emplace_back(bytes);
-      if (accelerator != nullptr) {
-        try {
+    try {
+      for (size_t i = 0; i < count; ++i) {
+        buffers.emplace_back(bytes);
+        if (accelerator != nullptr) {
           accelerator->register_host(buffers.back().data(), buffers.back().capacity());
-        } catch (...) {
-          buffers.pop_back();
-          unregister_all();
-          throw;
+          ++registered;
         }
+        free_list.push_back(i);
+        holder.emplace_back();
       }
-      free_list.push_back(i);
-      holder.emplace_back();
+    } catch (...) {
+      // No destructor runs: undo the registrations made so far (an allocation or a
+      // registration failed), then the buffers free themselves.
+      unregister_all();
+      throw;
     }
   }
   ~Shared() { unregister_all(); }
@@ -39,12 +41,10 @@ struct PinnedBufferPool::Shared {
   Shared& operator=(const Shared&) = delete;
 
   void unregister_all() noexcept {
-    if (accelerator == nullptr) {
-      return;
+    for (size_t i = 0; i < registered; ++i) {
+      accelerator->unregister_host(buffers[i].data(), buffers[i].capacity());
     }
-    for (auto& buffer : buffers) {
-      accelerator->unregister_host(buffer.data(), buffer.capacity());
-    }
+    registered = 0;
   }
 
   // Hands out `count` free buffers to the calling thread. Caller holds `mutex`.
@@ -84,6 +84,7 @@ struct PinnedBufferPool::Shared {
 
   Accelerator* const accelerator;
   std::vector<aio::PinnedBuffer> buffers;  // fixed after construction
+  size_t registered = 0;                   // buffers[0, registered) are registered
 
   std::mutex mutex;
   std::condition_variable changed;

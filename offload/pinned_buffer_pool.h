@@ -5,11 +5,20 @@
 //
 // Back-pressure: acquire() waits while the buffers are out (e.g. held by in-flight I/O) and
 // serves waiters first come, first served, so a request for several buffers is not starved
-// by single ones. A request that can never be satisfied fails at once with the numbers
-// instead of hanging: more buffers than the pool has, more bytes than fit in the pool, or
-// more than the pool has minus the buffers the calling thread already holds (those can
-// only come back through the caller itself). Leases count against the thread that acquired
-// them until they are released, from whichever thread.
+// by single ones.
+//
+// Deadlock check, and its limits: a request that can never be satisfied fails at once with
+// OffloadError(kPool) and the numbers instead of hanging: more buffers than the pool has,
+// more bytes than fit in it, or more than the pool has minus the buffers the calling thread
+// holds (those can only come back through the caller itself). That is all it sees. It
+// counts leases against the thread that acquired them until they are released, from
+// whichever thread, so a thread that hands its leases to another (which releases them
+// later) may be refused a request that would in fact be met. And it knows nothing of
+// cycles between threads: thread A holding buffers while it waits for buffers held by B,
+// which waits for A's, hangs both — and because waiters are served in order, a thread that
+// holds buffers and asks for more also hangs when an earlier waiter needs the buffers it
+// holds. Code that acquires while it holds must therefore be the pool's only acquirer (as
+// the swappers are: one driving thread per pool), or take all it needs in one acquire().
 //
 // Thread safety: every method may be called from any thread. A Lease is not synchronized
 // (one owner) but may be moved to and released from another thread. Leases keep the
@@ -87,11 +96,12 @@ class PinnedBufferPool {
   PinnedBufferPool& operator=(const PinnedBufferPool&) = delete;
 
   // Blocks until one buffer is free. Throws OffloadError(kPool) at once if the calling
-  // thread already holds every buffer.
+  // thread already holds every buffer (see the deadlock check's limits above).
   [[nodiscard]] Lease acquire();
   // Blocks until `count` buffers are free and takes them together (never a partial set, so
   // two callers cannot each hold half of what both need). Throws OffloadError(kPool) at once
-  // when count > buffer_count, or count plus the buffers this thread holds > buffer_count.
+  // when count > buffer_count, or count plus the buffers this thread holds > buffer_count;
+  // other deadlocks are the caller's to avoid (see above).
   [[nodiscard]] std::vector<Lease> acquire(size_t count);
   // The buffers needed to hold `bytes` bytes (ceil(bytes / buffer_bytes), at least one).
   [[nodiscard]] std::vector<Lease> acquire_bytes(uint64_t bytes);

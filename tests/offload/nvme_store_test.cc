@@ -11,11 +11,14 @@
 #include <fstream>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "aio/backend.h"
 #include "aio/fault_backend.h"
+#include "aio/file_cache.h"
 #include "offload/error.h"
 #include "test_util.h"
 
@@ -118,6 +121,69 @@ TEST(NvmeStore, LayoutAndRemovalAtCleanExit) {
   }
   EXPECT_FALSE(std::filesystem::exists(swap_file));
   EXPECT_FALSE(std::filesystem::exists(dir.path() + "/zinf_swap"));
+}
+
+TEST(NvmeStore, FailedConstructionLeavesNothingBehind) {
+  TempDir dir;
+  NvmeStoreConfig config = store_config(dir.path(), false);
+  config.backend_factory = [](const aio::AioConfig&) -> std::unique_ptr<aio::Backend> {
+    throw std::runtime_error("no I/O backend here");
+  };
+  EXPECT_THROW(NvmeStore store(config), std::runtime_error);
+  // No swap file, lock or directory is left for the next run to take for a crashed one.
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/zinf_swap"));
+  NvmeStore store(store_config(dir.path(), false));
+  EXPECT_FALSE(store.stats().replaced_stale);
+}
+
+TEST(NvmeStore, DirectoriesSharedByTwoStoresGoWithTheLast) {
+  TempDir dir;
+  auto first = std::make_unique<NvmeStore>(store_config(dir.path(), false));
+  NvmeStoreConfig other = store_config(dir.path(), false);
+  other.name = "other";
+  auto second = std::make_unique<NvmeStore>(other);
+  first.reset();
+  EXPECT_TRUE(std::filesystem::exists(second->path()));
+  second.reset();
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/zinf_swap"));
+}
+
+// Opens with O_DIRECT are refused, as tmpfs before Linux 6.6 refuses them.
+int open_refusing_direct(const char* path, int flags, unsigned mode) {
+  if ((flags & O_DIRECT) != 0) {
+    return -EINVAL;
+  }
+  const int fd = ::open(path, flags, mode);
+  return fd >= 0 ? fd : -errno;
+}
+
+// Installs aio's open seam for its lifetime.
+class ScopedOpenFunction {
+ public:
+  explicit ScopedOpenFunction(aio::OpenFunction function) {
+    aio::set_open_function_for_testing(function);
+  }
+  ~ScopedOpenFunction() { aio::set_open_function_for_testing(nullptr); }
+  ScopedOpenFunction(const ScopedOpenFunction&) = delete;
+  ScopedOpenFunction& operator=(const ScopedOpenFunction&) = delete;
+};
+
+TEST(NvmeStore, BufferedFallbackIsReportedFromAnyQueue) {
+  TempDir dir;
+  const ScopedOpenFunction refuse_direct(&open_refusing_direct);
+  {
+    NvmeStore store(store_config(dir.path(), true));
+    const ExtentId id = store.allocate(10000);
+    std::vector<uint8_t> data(10000, 5);
+    std::vector<uint8_t> back(10000, 0);
+    auto queue = store.make_queue();  // not the store's own synchronous queue
+    queue->async_write(id, data.data());
+    queue->wait();
+    queue->async_read(id, back.data());
+    queue->wait();
+    EXPECT_EQ(back, data);
+    EXPECT_TRUE(store.stats().buffered);
+  }
 }
 
 TEST(NvmeStore, AllocatorReusesFreedSpaceAligned) {

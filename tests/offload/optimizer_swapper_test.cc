@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -112,14 +113,14 @@ Outcome run_swapper(const Problem& problem, OptimizerSwapperConfig config, NvmeS
   return out;
 }
 
-// optimizer_cpu called directly, sub-group by sub-group, on plain arrays.
-Outcome run_direct(const Problem& problem) {
+// optimizer_cpu called directly, sub-group by sub-group, on plain arrays, for `steps` steps.
+Outcome run_direct(const Problem& problem, int steps = 3) {
   AdamOptimizer adam(adam_config());
   Outcome out;
   out.params = problem.params;
   out.exp_avg.assign(kNumel, 0.0f);
   out.exp_avg_sq.assign(kNumel, 0.0f);
-  for (int s = 0; s < 3; ++s) {
+  for (int s = 0; s < steps; ++s) {
     for (uint64_t offset = 0; offset < kNumel; offset += kSubGroup) {
       const uint64_t n = std::min(kSubGroup, kNumel - offset);
       std::vector<uint16_t>& copy = out.copies[offset];
@@ -300,14 +301,39 @@ TEST_P(OptimizerSwapperFaults, ReadFaultMidStepIsReportedNotApplied) {
   OptimizerSwapper swapper(config, adam, &store);
   swapper.initialize(problem.params.data());
   swapper.write_grads(0, problem.grads[0].data(), kNumel);
-  // Fail the reads of the third sub-group's extents.
-  faults->add(aio::FaultRule{
-      .op = aio::Op::kRead, .nth = 9, .count = 1, .kind = aio::FaultKind::kError, .error = EIO});
+  // Fail a read of the third sub-group's states. The swapper allocates its extents sub-group
+  // by sub-group, 4 arrays each of 3000 x 4 bytes (12288 in the file).
+  constexpr uint64_t kGroupFileBytes = 4 * 12288;
+  constexpr size_t kFailing = 2;
+  faults->add(aio::FaultRule{.op = aio::Op::kRead,
+                             .offset_begin = kFailing * kGroupFileBytes,
+                             .offset_end = (kFailing + 1) * kGroupFileBytes,
+                             .nth = 3,
+                             .count = 1,
+                             .kind = aio::FaultKind::kError,
+                             .error = EIO});
   try {
     (void)swapper.step(options_for(1));
     FAIL() << "injected EIO during the step not reported";
   } catch (const OffloadError& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kIo) << e.what();
+  }
+  EXPECT_EQ(faults->fired(0), 1u);
+  // Not applied: the failing sub-group and those after it are as before the step; the ones
+  // before it were updated (and written, pipelined or not) exactly as a plain step does.
+  {
+    const Outcome one_step = run_direct(problem, 1);
+    std::vector<float> params(kNumel), exp_avg(kNumel);
+    swapper.read_state(OptimizerState::kParams, params.data());
+    swapper.read_state(OptimizerState::kExpAvg, exp_avg.data());
+    const uint64_t split = kFailing * kSubGroup;
+    EXPECT_EQ(std::memcmp(params.data(), one_step.params.data(), split * 4), 0);
+    EXPECT_EQ(std::memcmp(exp_avg.data(), one_step.exp_avg.data(), split * 4), 0);
+    EXPECT_EQ(
+        std::memcmp(params.data() + split, problem.params.data() + split, (kNumel - split) * 4), 0)
+        << "a sub-group whose read failed, or a later one, was updated";
+    EXPECT_TRUE(std::all_of(exp_avg.begin() + static_cast<std::ptrdiff_t>(split), exp_avg.end(),
+                            [](float m) { return m == 0.0f; }));
   }
   // A write fault tears an extent; reading it back is then an error, not stale data.
   faults->clear();

@@ -8,11 +8,14 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <new>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
 #include <vector>
 
+#include "aio/pinned_buffer.h"
 #include "offload/cpu_accelerator.h"
 #include "offload/error.h"
 
@@ -43,6 +46,23 @@ TEST(PinnedBufferPool, BuffersAreAlignedDistinctAndRegistered) {
     EXPECT_TRUE(pool.try_acquire().has_value());
   }
   EXPECT_EQ(accelerator.registered_host_bytes(), 0u);
+}
+
+TEST(PinnedBufferPool, FailedConstructionUnregistersWhatItRegistered) {
+  CpuAccelerator accelerator(0);
+  // The third buffer cannot be had (its pin hook fails, as an allocation could).
+  int pins = 0;
+  aio::PinHooks hooks;
+  hooks.on_pin = [&pins](void*, size_t) {
+    if (++pins == 3) {
+      throw std::bad_alloc();
+    }
+  };
+  aio::set_pin_hooks(hooks);
+  EXPECT_THROW(PinnedBufferPool(4, 4096, &accelerator, "test pool"), std::bad_alloc);
+  aio::set_pin_hooks({});
+  EXPECT_EQ(pins, 3);
+  EXPECT_EQ(accelerator.registered_host_bytes(), 0u);  // the two made were unregistered
 }
 
 TEST(PinnedBufferPool, ImpossibleRequestsFailAtOnceWithTheNumbers) {
