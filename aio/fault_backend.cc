@@ -68,6 +68,9 @@ int FaultBackend::prep(const Request& request) {
     case FaultKind::kDelay:
       pending_delay_ = std::max(pending_delay_, rule->delay);
       return inner_->prep(request);
+    case FaultKind::kEngine:
+      engine_error_ = rule->error;
+      return inner_->prep(request);
   }
   return inner_->prep(request);
 }
@@ -87,6 +90,7 @@ int FaultBackend::submit() {
 }
 
 int FaultBackend::reap(std::span<Completion> out, unsigned min_complete) {
+  if (engine_error_ != 0) return -std::exchange(engine_error_, 0);
   size_t n = 0;
   while (n < out.size() && !synthetic_ready_.empty()) {
     out[n++] = synthetic_ready_.back();

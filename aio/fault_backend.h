@@ -1,6 +1,6 @@
 // Fault injection for the aio layer: a forwarding Backend that makes chosen requests fail,
-// come back short, fail once with -EINTR/-EAGAIN, or wait, in the spirit of LevelDB's
-// fault-injecting Env. Tests (and later the offload layer's tests) plug it into an
+// come back short, fail once with -EINTR/-EAGAIN, wait, or break the engine, in the spirit of
+// LevelDB's fault-injecting Env. Tests (and later the offload layer's tests) plug it into an
 // AioHandle through a BackendFactory:
 //
 //   auto faults = std::make_shared<FaultInjector>();
@@ -31,10 +31,12 @@
 namespace zinf::aio {
 
 enum class FaultKind : uint8_t {
-  kError,  // complete with -error without performing the transfer (EIO, ENOSPC, ...)
-  kShort,  // perform only the first short_bytes bytes (no fault when the request is smaller)
-  kRetry,  // complete with -error (EINTR or EAGAIN) without performing it; the retry is clean
-  kDelay,  // hold the submission of the request for `delay`
+  kError,   // complete with -error without performing the transfer (EIO, ENOSPC, ...)
+  kShort,   // perform only the first short_bytes bytes (no fault when the request is smaller)
+  kRetry,   // complete with -error (EINTR or EAGAIN) without performing it; the retry is clean
+  kDelay,   // hold the submission of the request for `delay`
+  kEngine,  // perform the request, but the next reap() fails with -error: the engine itself
+            // broke (the handle tears it down and fails the worker's transfers)
 };
 
 struct FaultRule {
@@ -100,6 +102,7 @@ class FaultBackend final : public Backend {
   std::vector<Completion> synthetic_staged_;  // injected failures not yet "submitted"
   std::vector<Completion> synthetic_ready_;   // injected failures ready to be reaped
   std::chrono::microseconds pending_delay_{0};
+  int engine_error_ = 0;  // kEngine: positive errno the next reap() returns
 };
 
 // A factory building config.backend (or `inner`, when given) wrapped in a FaultBackend.

@@ -15,6 +15,17 @@
 //     as a read-modify-write of a shared block could);
 //   - whole blocks: straight from user memory when it is congruent to the file offset
 //     modulo B, otherwise through the slot's staging memory.
+// A request straight from user memory that lies inside a registered range carries that
+// range's fixed-buffer index (io_uring READ_FIXED/WRITE_FIXED); continuations keep it.
+//
+// Coherence of the two descriptors of a direct file: the kernel writes back dirty page-cache
+// pages of the range before an O_DIRECT read or write and invalidates them after an O_DIRECT
+// write, so a read right after an unaligned (buffered) write sees it, on every backend
+// (tests: handle_test.cc, MixedDirectAndPartialBlockWritesStayCoherent). Concurrent
+// transfers never put a direct and a buffered write on one block unless their ranges overlap.
+//
+// Registered-buffer tables are changed at a quiescent point of each worker: it stops issuing,
+// lets its requests in flight finish, swaps the ring's table, then resumes.
 #include "aio/handle.h"
 
 #include <spdlog/spdlog.h>
@@ -23,13 +34,18 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <mutex>
+#include <stdexcept>
+#include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "aio/backend.h"
 #include "aio/error.h"
@@ -45,13 +61,52 @@ constexpr int kMaxRetries = 32;
 // Upper bound of one worker's staging memory (queue_depth slots); allocated on first use.
 constexpr uint64_t kStagingLimitBytes = 64ull << 20;
 
+// io_uring refuses fixed buffers larger than 1 GiB: longer ranges are registered in pieces.
+constexpr uint64_t kMaxFixedBufferBytes = 1ull << 30;
+
 constexpr uint64_t align_down(uint64_t value) { return value & ~(kBlock - 1); }
+
+// Builds the IoError of a failed transfer without letting an allocation failure escape a
+// worker thread (the bad_alloc itself is reported instead).
+std::exception_ptr make_io_error(Op op, const std::string& path, uint64_t offset, uint64_t length,
+                                 int error, std::string_view detail) noexcept {
+  try {
+    return std::make_exception_ptr(
+        IoError(std::string(to_string(op)), path, offset, length, error, std::string(detail)));
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+// The registered ranges as one engine table: `iovecs` in registration order (the index is
+// the fixed-buffer index), `by_address` sorted and disjoint for lookups. Immutable once built.
+struct BufferTable {
+  struct Range {
+    uintptr_t begin = 0;
+    uintptr_t end = 0;
+    int index = 0;
+  };
+  uint64_t generation = 0;
+  std::vector<iovec> iovecs;
+  std::vector<Range> by_address;
+
+  // Index of the range holding all of [memory, memory + bytes), or -1.
+  int find(const void* memory, uint64_t bytes) const noexcept {
+    const auto begin = reinterpret_cast<uintptr_t>(memory);
+    auto it = std::upper_bound(by_address.begin(), by_address.end(), begin,
+                               [](uintptr_t value, const Range& r) { return value < r.begin; });
+    if (it == by_address.begin()) return -1;
+    --it;
+    return begin < it->end && bytes <= it->end - begin ? it->index : -1;
+  }
+};
 
 struct Transfer;
 
 // The contiguous share of one transfer handled by one worker.
 struct Part {
   Transfer* transfer = nullptr;
+  Part* next = nullptr;  // link in a worker's queue, then in its active list
   size_t worker = 0;
   uint64_t begin = 0;  // file range [begin, end)
   uint64_t end = 0;
@@ -79,6 +134,7 @@ struct SharedStats {
   std::atomic<uint64_t> bytes_written{0};
   std::atomic<uint64_t> requests{0};
   std::atomic<uint64_t> bounced_bytes{0};
+  std::atomic<uint64_t> fixed_requests{0};
 };
 
 class PartListener {
@@ -114,6 +170,7 @@ class Worker {
          SharedStats& stats)
       : listener_(listener),
         backend_(std::move(backend)),
+        name_(backend_->name()),
         single_submit_(config.single_submit),
         overlap_events_(config.overlap_events),
         capacity_(std::max(
@@ -121,6 +178,7 @@ class Worker {
         request_bytes_(std::min<uint64_t>(config.block_size, kMaxRequestBytes)),
         slot_bytes_(
             std::max(kBlock, std::min(request_bytes_, align_down(kStagingLimitBytes / capacity_)))),
+        fixed_buffers_(backend_->caps().fixed_buffers),
         stats_(stats),
         slots_(capacity_),
         completions_(capacity_) {
@@ -133,19 +191,42 @@ class Worker {
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
-  std::string_view backend_name() const noexcept { return backend_->name(); }
-
   void start() {
     thread_ = std::thread([this] { run(); });
   }
 
+  // Appends `part` to the worker's FIFO (no allocation: parts are linked through Part::next).
   void enqueue(Part* part) {
+    part->next = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      queue_.push_back(part);
-      queued_.store(true, std::memory_order_release);
+      if (queue_tail_ != nullptr) {
+        queue_tail_->next = part;
+      } else {
+        queue_head_ = part;
+      }
+      queue_tail_ = part;
+      wake_.store(true, std::memory_order_release);
     }
     cv_.notify_one();
+  }
+
+  // Hands the worker a new registered-buffer table; it applies it at its next quiescent point.
+  void post_buffer_table(std::shared_ptr<const BufferTable> table) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      posted_table_ = std::move(table);
+      wake_.store(true, std::memory_order_release);
+    }
+    cv_.notify_one();
+  }
+
+  // Blocks until the table of `generation` (or a later one) is applied; returns whether the
+  // engine uses fixed buffers now.
+  bool wait_buffer_table(uint64_t generation) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    applied_cv_.wait(lock, [&] { return applied_generation_ >= generation; });
+    return applied_fixed_;
   }
 
   // Finishes every queued part and request in flight, then ends the thread.
@@ -161,35 +242,70 @@ class Worker {
  private:
   unsigned in_flight() const { return capacity_ - static_cast<unsigned>(free_.size()); }
 
-  void run() {
+  // Everything below runs on the worker thread. Nothing in it throws: failures become
+  // IoErrors stored in the parts (make_io_error), and the loop allocates nothing.
+  void run() noexcept {
     for (;;) {
       if (!take_new_parts()) return;
-      if (overlap_events_ || in_flight() == 0) fill();
+      if (next_table_ && in_flight() == 0) apply_buffer_table();
+      if (!next_table_ && (overlap_events_ || in_flight() == 0)) fill();
       submit_staged();
       if (in_kernel_ > 0) reap();
       retire_done_parts();
     }
   }
 
-  // Moves queued parts to active_, blocking while there is nothing to do. Returns false when
-  // the worker is stopping and has nothing left.
+  // Moves queued parts to the active list and takes a posted buffer table, blocking while
+  // there is nothing to do. Returns false when the worker is stopping and has nothing left.
   bool take_new_parts() {
-    const bool idle = active_.empty() && in_flight() == 0;
-    if (!idle && !queued_.load(std::memory_order_acquire)) return true;
+    const bool idle = active_head_ == nullptr && in_flight() == 0 && !next_table_;
+    if (!idle && !wake_.load(std::memory_order_acquire)) return true;
     std::unique_lock<std::mutex> lock(mutex_);
-    if (idle) cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-    if (queue_.empty()) return !(idle && stopping_);
-    for (Part* part : queue_) {
-      part->cursor = part->begin;
-      active_.push_back(part);
+    if (idle) {
+      cv_.wait(lock, [this] { return stopping_ || queue_head_ != nullptr || posted_table_; });
     }
-    queue_.clear();
-    queued_.store(false, std::memory_order_release);
-    return true;
+    if (posted_table_) next_table_ = std::move(posted_table_);
+    if (queue_head_ != nullptr) {
+      for (Part* part = queue_head_; part != nullptr; part = part->next) {
+        part->cursor = part->begin;
+      }
+      (active_tail_ != nullptr ? active_tail_->next : active_head_) = queue_head_;
+      active_tail_ = queue_tail_;
+      queue_head_ = queue_tail_ = nullptr;
+    }
+    wake_.store(false, std::memory_order_release);
+    return !(stopping_ && active_head_ == nullptr && in_flight() == 0 && !next_table_);
+  }
+
+  // Swaps the engine's fixed-buffer table; called with nothing in flight.
+  void apply_buffer_table() {
+    std::shared_ptr<const BufferTable> table = std::move(next_table_);
+    const uint64_t generation = table->generation;
+    bool fixed = false;
+    if (backend_ && fixed_buffers_) {
+      int rc = backend_->register_buffers(table->iovecs);
+      if (rc == 0) {
+        fixed = !table->iovecs.empty();
+      } else {
+        spdlog::warn(
+            "aio: {} refused {} registered buffer range(s) ({}); those transfers take the "
+            "unregistered path (raise RLIMIT_MEMLOCK, e.g. `ulimit -l unlimited`)",
+            name_, table->iovecs.size(), std::strerror(-rc));
+        rc = backend_->register_buffers({});
+        (void)rc;  // nothing registered either way
+      }
+    }
+    table_ = fixed ? std::move(table) : nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      applied_generation_ = std::max(applied_generation_, generation);
+      applied_fixed_ = fixed;
+    }
+    applied_cv_.notify_all();
   }
 
   void fill() {
-    for (Part* part : active_) {
+    for (Part* part = active_head_; part != nullptr; part = part->next) {
       if (broken_error_ != 0 && !part->error) fail_part(*part, broken_error_, "engine failed");
       while (!free_.empty() && !part->error && part->cursor < part->end) issue_next(*part);
       if (free_.empty()) break;
@@ -245,8 +361,10 @@ class Worker {
     ++part.in_flight;
     part.cursor = at + covered;
     slot.part = &part;
+    const int buffer_index = table_ && !staged ? table_->find(memory, length) : -1;
     slot.request = Request{.op = transfer.op,
                            .fd = fd,
+                           .buffer_index = buffer_index,
                            .buffer = memory,
                            .bytes = static_cast<uint32_t>(length),
                            .offset = offset,
@@ -272,6 +390,10 @@ class Worker {
   }
 
   void stage(Slot& slot) {
+    if (!backend_) {
+      fail_request(slot, broken_error_, "engine failed");
+      return;
+    }
     const int rc = backend_->prep(slot.request);
     if (rc < 0) {
       fail_request(slot, -rc, "the engine refused the request");
@@ -279,6 +401,9 @@ class Worker {
     }
     ++staged_;
     stats_.requests.fetch_add(1, std::memory_order_relaxed);
+    if (slot.request.buffer_index >= 0) {
+      stats_.fixed_requests.fetch_add(1, std::memory_order_relaxed);
+    }
     if (single_submit_) submit_staged();
   }
 
@@ -298,7 +423,7 @@ class Worker {
           continue;
         }
       }
-      fail_engine(rc == 0 ? EAGAIN : -rc, "submit");
+      fail_engine(rc == 0 ? EAGAIN : -rc, "engine failed in submit");
       return;
     }
   }
@@ -308,7 +433,7 @@ class Worker {
     const int rc = backend_->reap(completions_, min_complete);
     if (rc == -EINTR || rc == -EAGAIN) return;  // the loop comes back here
     if (rc < 0) {
-      fail_engine(-rc, "reap");
+      fail_engine(-rc, "engine failed in reap");
       return;
     }
     in_kernel_ -= static_cast<unsigned>(rc);
@@ -382,27 +507,25 @@ class Worker {
   }
 
   // Reports the user's bytes the request carries (a bounce read starts before them).
-  void fail_request(Slot& slot, int error, const std::string& detail) {
+  void fail_request(Slot& slot, int error, std::string_view detail) {
     const uint64_t offset = std::max(slot.request.offset, slot.user_begin);
     fail_request(slot, error, detail, offset, slot.need_end - std::min(offset, slot.need_end));
   }
 
-  void fail_request(Slot& slot, int error, const std::string& detail, uint64_t offset,
+  void fail_request(Slot& slot, int error, std::string_view detail, uint64_t offset,
                     uint64_t length) {
     Part& part = *slot.part;
     if (!part.error) {
-      part.error = std::make_exception_ptr(IoError(std::string(to_string(slot.request.op)),
-                                                   part.transfer->file->path, offset, length, error,
-                                                   detail));
+      part.error =
+          make_io_error(slot.request.op, part.transfer->file->path, offset, length, error, detail);
     }
     release(slot);
   }
 
-  void fail_part(Part& part, int error, const std::string& detail) {
+  void fail_part(Part& part, int error, std::string_view detail) {
     if (!part.error) {
-      part.error = std::make_exception_ptr(IoError(std::string(to_string(part.transfer->op)),
-                                                   part.transfer->file->path, part.cursor,
-                                                   part.end - part.cursor, error, detail));
+      part.error = make_io_error(part.transfer->op, part.transfer->file->path, part.cursor,
+                                 part.end - part.cursor, error, detail);
     }
   }
 
@@ -412,51 +535,69 @@ class Worker {
     free_.push_back(static_cast<unsigned>(&slot - slots_.data()));
   }
 
-  // The engine itself failed (not one request): fail everything this worker holds. Requests
-  // it had taken cannot be tracked any more; their slots are released.
-  void fail_engine(int error, const char* step) {
-    spdlog::error("aio: {} engine failed in {} ({}); failing its transfers", backend_->name(), step,
-                  std::strerror(error));
+  // The engine itself failed (its ring or context, not one request): fail everything this
+  // worker holds and every later part. The engine is torn down first: its destructor waits
+  // for the requests the kernel still holds, so no slot (nor the user or staging memory it
+  // points to) is released while the kernel may still read or write it.
+  void fail_engine(int error, std::string_view detail) {
+    spdlog::error("aio: {} {} ({}); failing its transfers", name_, detail, std::strerror(error));
     broken_error_ = error != 0 ? error : EIO;
+    backend_.reset();
+    table_.reset();
     for (Slot& slot : slots_) {
-      if (slot.part != nullptr) fail_request(slot, broken_error_, std::string("engine ") + step);
+      if (slot.part != nullptr) fail_request(slot, broken_error_, detail);
     }
     staged_ = 0;
     in_kernel_ = 0;
-    for (Part* part : active_) fail_part(*part, broken_error_, "engine failed");
+    for (Part* part = active_head_; part != nullptr; part = part->next) {
+      fail_part(*part, broken_error_, "engine failed");
+    }
   }
 
   void retire_done_parts() {
-    auto it = active_.begin();
-    while (it != active_.end()) {
-      Part* part = *it;
+    Part* previous = nullptr;
+    Part* part = active_head_;
+    while (part != nullptr) {
+      Part* next = part->next;
       if (part->in_flight == 0 && (part->error || part->cursor >= part->end)) {
-        it = active_.erase(it);
+        (previous != nullptr ? previous->next : active_head_) = next;
+        if (active_tail_ == part) active_tail_ = previous;
         listener_.part_done(*part);  // the part may be destroyed from here on
       } else {
-        ++it;
+        previous = part;
       }
+      part = next;
     }
   }
 
   PartListener& listener_;
-  const std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Backend> backend_;  // null once the engine failed
+  const std::string name_;            // the backend's name, for messages
   const bool single_submit_;
   const bool overlap_events_;
   const unsigned capacity_;
   const uint64_t request_bytes_;  // block_size, capped at kMaxRequestBytes
   const uint64_t slot_bytes_;     // staging memory per slot (multiple of 4096)
+  const bool fixed_buffers_;      // the backend supports register_buffers()
   SharedStats& stats_;
 
   std::mutex mutex_;
-  std::condition_variable cv_;
-  std::vector<Part*> queue_;         // guarded by mutex_
-  bool stopping_ = false;            // guarded by mutex_
-  std::atomic<bool> queued_{false};  // queue_ may be non-empty
+  std::condition_variable cv_;          // work queued, table posted or stopping
+  std::condition_variable applied_cv_;  // a posted table was applied
+  Part* queue_head_ = nullptr;          // guarded by mutex_: FIFO linked through Part::next
+  Part* queue_tail_ = nullptr;          // guarded by mutex_
+  std::shared_ptr<const BufferTable> posted_table_;  // guarded by mutex_: not yet taken
+  uint64_t applied_generation_ = 0;                  // guarded by mutex_
+  bool applied_fixed_ = false;                       // guarded by mutex_
+  bool stopping_ = false;                            // guarded by mutex_
+  std::atomic<bool> wake_{false};                    // queue_head_ or posted_table_ may be set
   std::thread thread_;
 
   // Worker thread only:
-  std::vector<Part*> active_;
+  Part* active_head_ = nullptr;  // parts being issued, oldest first
+  Part* active_tail_ = nullptr;
+  std::shared_ptr<const BufferTable> next_table_;  // taken, applied once nothing is in flight
+  std::shared_ptr<const BufferTable> table_;       // the engine's table; null: none
   std::vector<Slot> slots_;
   std::vector<unsigned> free_;
   std::vector<Completion> completions_;
@@ -548,7 +689,40 @@ class AioHandle::Impl final : public PartListener {
     return AioStats{.bytes_read = stats_.bytes_read.load(std::memory_order_relaxed),
                     .bytes_written = stats_.bytes_written.load(std::memory_order_relaxed),
                     .requests = stats_.requests.load(std::memory_order_relaxed),
-                    .bounced_bytes = stats_.bounced_bytes.load(std::memory_order_relaxed)};
+                    .bounced_bytes = stats_.bounced_bytes.load(std::memory_order_relaxed),
+                    .fixed_requests = stats_.fixed_requests.load(std::memory_order_relaxed)};
+  }
+
+  bool register_buffers(std::span<const std::pair<void*, size_t>> ranges) {
+    std::lock_guard<std::mutex> lock(registration_mutex_);
+    std::vector<std::pair<uintptr_t, size_t>> next = registered_;
+    for (const auto& [data, bytes] : ranges) {
+      const auto begin = reinterpret_cast<uintptr_t>(data);
+      if (data == nullptr || bytes == 0 || bytes > UINTPTR_MAX - begin) {
+        throw std::invalid_argument("aio: register_buffers: a range is null, empty or wraps");
+      }
+      bool repeat = false;
+      for (const auto& [other, other_bytes] : next) {
+        if (other == begin && other_bytes == bytes) {
+          repeat = true;
+        } else if (begin < other + other_bytes && other < begin + bytes) {
+          throw std::invalid_argument(
+              "aio: register_buffers: a range overlaps a registered range it does not equal");
+        }
+      }
+      if (!repeat) next.emplace_back(begin, bytes);
+    }
+    if (next.size() == registered_.size()) return fixed_in_use_;
+    return publish(std::move(next));
+  }
+
+  void unregister_buffers(std::span<const std::pair<void*, size_t>> ranges) {
+    std::lock_guard<std::mutex> lock(registration_mutex_);
+    std::vector<std::pair<uintptr_t, size_t>> next = registered_;
+    for (const auto& [data, bytes] : ranges) {
+      std::erase(next, std::pair<uintptr_t, size_t>(reinterpret_cast<uintptr_t>(data), bytes));
+    }
+    if (next.size() != registered_.size()) publish(std::move(next));
   }
 
   void close_file(const std::string& path) { files_.close(path); }
@@ -609,11 +783,43 @@ class AioHandle::Impl final : public PartListener {
     for (Part& part : transfer.parts) workers_[part.worker]->enqueue(&part);
   }
 
+  // Builds the engine table of `ranges`, has every worker apply it, and makes it current.
+  // Returns whether every worker's engine uses it. Caller holds registration_mutex_.
+  bool publish(std::vector<std::pair<uintptr_t, size_t>> ranges) {
+    auto table = std::make_shared<BufferTable>();
+    table->generation = ++generation_;
+    for (const auto& [begin, bytes] : ranges) {
+      for (uint64_t at = 0; at < bytes; at += kMaxFixedBufferBytes) {
+        const uint64_t piece = std::min<uint64_t>(bytes - at, kMaxFixedBufferBytes);
+        table->by_address.push_back(
+            BufferTable::Range{.begin = begin + at,
+                               .end = begin + at + piece,
+                               .index = static_cast<int>(table->iovecs.size())});
+        table->iovecs.push_back(
+            iovec{reinterpret_cast<void*>(begin + at), static_cast<size_t>(piece)});
+      }
+    }
+    std::sort(
+        table->by_address.begin(), table->by_address.end(),
+        [](const BufferTable::Range& a, const BufferTable::Range& b) { return a.begin < b.begin; });
+    for (auto& worker : workers_) worker->post_buffer_table(table);
+    bool fixed = !table->iovecs.empty();
+    for (auto& worker : workers_) fixed = worker->wait_buffer_table(table->generation) && fixed;
+    registered_ = std::move(ranges);
+    fixed_in_use_ = fixed;
+    return fixed;
+  }
+
   AioConfig config_;
   std::string backend_name_;
   SharedStats stats_;
   FileCache files_;
   std::vector<std::unique_ptr<Worker>> workers_;
+
+  std::mutex registration_mutex_;                         // serializes register/unregister_buffers
+  std::vector<std::pair<uintptr_t, size_t>> registered_;  // guarded by registration_mutex_
+  uint64_t generation_ = 0;                               // guarded by registration_mutex_
+  bool fixed_in_use_ = false;                             // guarded by registration_mutex_
 
   mutable std::mutex mutex_;
   std::condition_variable done_cv_;
@@ -661,6 +867,14 @@ int AioHandle::pending() const { return impl_->pending(); }
 std::vector<std::string> AioHandle::buffered_paths() const { return impl_->buffered_paths(); }
 
 AioStats AioHandle::stats() const { return impl_->stats(); }
+
+bool AioHandle::register_buffers(std::span<const std::pair<void*, size_t>> ranges) {
+  return impl_->register_buffers(ranges);
+}
+
+void AioHandle::unregister_buffers(std::span<const std::pair<void*, size_t>> ranges) {
+  impl_->unregister_buffers(ranges);
+}
 
 void AioHandle::close_file(const std::string& path) { impl_->close_file(path); }
 

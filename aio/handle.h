@@ -20,6 +20,15 @@
 // with the remainder, EINTR/EAGAIN are retried, and every other failure surfaces as an
 // IoError naming path, offset, length and errno text (see aio/error.h).
 //
+// Registered memory (io_uring fixed buffers): register_buffers() hands long-lived ranges (a
+// pinned pool's buffers) to every worker's ring once, so requests whose memory lies inside
+// one of them skip the kernel's per-request page pinning (IORING_OP_READ_FIXED/WRITE_FIXED).
+// Any other memory keeps working through the normal path; other backends ignore the call.
+//
+// If an engine itself fails (its ring or context, not one request), the worker tears it down
+// (waiting for what the kernel still holds) and fails every transfer it is given from then
+// on with an IoError saying so: make a new handle.
+//
 // Thread safety: all public methods may be called from any thread; async requests from
 // several threads share the handle's workers, and wait() waits for all of them. Buffers
 // passed to async_* must stay valid and untouched until wait() returns. The destructor
@@ -29,8 +38,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "aio/config.h"
@@ -46,8 +57,9 @@ using BackendFactory = std::function<std::unique_ptr<Backend>(const AioConfig& c
 struct AioStats {
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;
-  uint64_t requests = 0;       // requests handed to backends
-  uint64_t bounced_bytes = 0;  // bytes that went through bounce/staging memory
+  uint64_t requests = 0;        // requests handed to backends
+  uint64_t bounced_bytes = 0;   // bytes that went through bounce/staging memory
+  uint64_t fixed_requests = 0;  // requests (of `requests`) that used a registered buffer
 };
 
 class AioHandle {
@@ -86,6 +98,22 @@ class AioHandle {
   std::vector<std::string> buffered_paths() const;
 
   AioStats stats() const;
+
+  // Registers memory ranges {data, bytes} with every worker's engine, in addition to those
+  // already registered (an exact repeat is ignored). On io_uring, a request whose memory lies
+  // entirely inside one registered range then uses a fixed buffer; requests partly inside or
+  // outside, and bounce/staging memory, take the normal path. Blocks until every worker has
+  // applied the new table (each first finishes the requests it has in flight).
+  // Returns true when the engine uses the ranges; false (transfers still work) when the
+  // backend has no fixed buffers or the kernel refused them (e.g. RLIMIT_MEMLOCK without
+  // CAP_IPC_LOCK: one warning line). The memory must stay mapped, and must not be freed,
+  // until unregister_buffers() for it has returned: a registered address reused by a new
+  // allocation would still reach the old pages. Throws std::invalid_argument for a null or
+  // empty range, or one overlapping a registered range it does not equal.
+  bool register_buffers(std::span<const std::pair<void*, size_t>> ranges);
+  // Drops ranges registered earlier (matched by start and length; unknown ones are ignored).
+  // Blocks like register_buffers(); afterwards no new request uses them.
+  void unregister_buffers(std::span<const std::pair<void*, size_t>> ranges);
 
   // Closes cached file descriptors of `path` (e.g. before the file is deleted). Must not be
   // called while transfers on that path are in flight.

@@ -251,6 +251,38 @@ TEST_P(FaultTest, AsyncFailureIsReportedByWaitAfterOthersFinish) {
   expect_file_matches(good);
 }
 
+// The engine itself breaks (its reap fails): the worker tears it down after the kernel's
+// requests ended, every transfer it held fails with an error naming its file, later ones
+// fail too instead of hanging, and the handle is still destroyed cleanly.
+TEST_P(FaultTest, BrokenEngineFailsItsTransfersAndLaterOnes) {
+  config_.intra_op_parallelism = 1;
+  const std::string a = dir_.file("a.bin");
+  const std::string b = dir_.file("b.bin");
+  faults_->add(FaultRule{
+      .op = Op::kWrite, .path = "a.bin", .nth = 3, .kind = FaultKind::kEngine, .error = EBADF});
+  AioHandle handle = make_handle();
+  handle.async_pwrite(data_.data(), data_.size(), a, 0);
+  handle.async_pwrite(data_.data(), data_.size(), b, 0);
+  try {
+    handle.wait();
+    FAIL() << "the broken engine was not reported";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.path(), a);
+    EXPECT_EQ(e.error(), EBADF);
+    EXPECT_NE(std::string(e.what()).find("engine"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(handle.pending(), 0);
+  EXPECT_EQ(faults_->fired(0), 1u);
+  std::vector<std::byte> back(4096);
+  try {
+    handle.pread(back.data(), back.size(), a, 0);
+    FAIL() << "a transfer on a broken engine succeeded";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.path(), a);
+    EXPECT_NE(std::string(e.what()).find("engine failed"), std::string::npos) << e.what();
+  }
+}
+
 TEST(FaultInjectorTest, MatchesByOpPathOffsetAndCount) {
   FaultInjector injector;
   injector.add(FaultRule{
