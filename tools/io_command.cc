@@ -94,6 +94,7 @@ struct IoOptions {
   bool validate = false;
   bool json = false;
   bool keep = false;
+  bool no_fixed_buffers = false;
   AioFlags aio;
 };
 
@@ -106,6 +107,7 @@ void run_io_command(const IoOptions& o) {
   job.loops = o.loops;
   job.validate = o.validate;
   job.keep_file = o.keep;
+  job.register_buffer = !o.no_fixed_buffers;
 
   if (!o.json) {
     fmt::print("zinf io: {} {} ({} bytes), {} loop{}\n", job.write ? "write" : "read",
@@ -136,6 +138,9 @@ void run_io_command(const IoOptions& o) {
                      {"gb_per_s", r.median.gb_per_s},
                      {"gib_per_s", r.median.gib_per_s}};
     out["validated"] = r.validated;
+    out["fixed_buffer"] = r.registered_buffer;
+    out["requests"] = r.stats.requests;
+    out["fixed_requests"] = r.stats.fixed_requests;
     out["units"] = "GB = 10^9 bytes, GiB = 2^30 bytes";
     std::cout << out.dump(2) << "\n";
     return;
@@ -148,6 +153,8 @@ void run_io_command(const IoOptions& o) {
                            "include the page cache)",
              r.prepared_file ? "; written once before the timed reads" : "",
              r.validated ? "; validated: every byte matched" : "");
+  fmt::print("  {} requests, {} through a registered (io_uring fixed) buffer\n", r.stats.requests,
+             r.stats.fixed_requests);
   fmt::print("  GB = 10^9 bytes, GiB = 2^30 bytes\n");
 }
 
@@ -216,6 +223,8 @@ void add_io_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--validate", o->validate, "Write a pattern, read it back and compare");
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
   cmd->add_flag("--keep", o->keep, "Keep zinf-io.dat when a folder was given");
+  cmd->add_flag("--no-fixed-buffers", o->no_fixed_buffers,
+                "Do not register the buffer with io_uring (to measure what registration gives)");
   add_aio_flags(cmd, o->aio, true);
   cmd->callback([o, &exit_code] { guarded(exit_code, [&] { run_io_command(*o); }); });
 }

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
+#include <utility>
 
 #include "aio/handle.h"
 #include "aio/pinned_buffer.h"
@@ -99,8 +100,14 @@ IoJobResult run_io_job(const IoJob& job, const std::function<void(int, const IoL
     }
   } cleanup{result.file, in_folder && !job.keep_file};
 
-  aio::AioHandle handle(job.aio);
+  // The buffer outlives the handle: a registered buffer must stay mapped until the rings
+  // that hold it are gone.
   aio::PinnedBuffer buffer(job.size_bytes);
+  aio::AioHandle handle(job.aio);
+  if (job.register_buffer && job.aio.backend == aio::BackendKind::kIoUring) {
+    std::pair<void*, size_t> range{buffer.data(), buffer.capacity()};
+    result.registered_buffer = handle.register_buffers({&range, 1});
+  }
 
   // A read job needs a file at least `size` long; with --validate it must hold the pattern.
   struct stat st {};
@@ -142,6 +149,7 @@ IoJobResult run_io_job(const IoJob& job, const std::function<void(int, const IoL
   for (const std::string& p : handle.buffered_paths()) {
     if (p == result.file) result.direct_io = false;
   }
+  result.stats = handle.stats();
   handle.close_file(result.file);
   return result;
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "aio/config.h"
+#include "aio/handle.h"
 
 namespace zinf::tools {
 
@@ -23,6 +24,8 @@ struct IoJob {
   int loops = 3;
   bool validate = false;   // write a pattern, read back, compare (read jobs: compare each loop)
   bool keep_file = false;  // keep zinf-io.dat in a folder after the job
+  // Register the job's buffer with the handle (io_uring fixed buffers; ignored elsewhere).
+  bool register_buffer = true;
 };
 
 struct IoLoop {
@@ -32,10 +35,12 @@ struct IoLoop {
 };
 
 struct IoJobResult {
-  std::string file;            // the file actually used
-  bool direct_io = true;       // false: the filesystem refused O_DIRECT
-  bool prepared_file = false;  // a read job had to write the file first (untimed)
-  bool validated = false;      // --validate ran and every byte matched
+  std::string file;                // the file actually used
+  bool direct_io = true;           // false: the filesystem refused O_DIRECT
+  bool prepared_file = false;      // a read job had to write the file first (untimed)
+  bool validated = false;          // --validate ran and every byte matched
+  bool registered_buffer = false;  // the buffer is an io_uring fixed buffer
+  aio::AioStats stats;             // of the whole job, untimed passes included
   std::vector<IoLoop> loops;
   IoLoop median;
 };

@@ -51,6 +51,24 @@ TEST_P(IoJobTest, WriteAndReadValidateOddSizes) {
   }
 }
 
+TEST_P(IoJobTest, RegistersItsBufferOnIoUringOnly) {
+  IoJob j = job(4 << 20, true);
+  j.validate = false;
+  IoJobResult r = run_io_job(j);
+  EXPECT_GT(r.stats.requests, 0u);
+  if (GetParam() == aio::BackendKind::kIoUring) {
+    EXPECT_TRUE(r.registered_buffer);
+    EXPECT_EQ(r.stats.fixed_requests, r.stats.requests);
+  } else {
+    EXPECT_FALSE(r.registered_buffer);
+    EXPECT_EQ(r.stats.fixed_requests, 0u);
+  }
+  j.register_buffer = false;
+  IoJobResult plain = run_io_job(j);
+  EXPECT_FALSE(plain.registered_buffer);
+  EXPECT_EQ(plain.stats.fixed_requests, 0u);
+}
+
 TEST_P(IoJobTest, ExplicitFileIsKept) {
   IoJob j = job(1 << 20, true);
   j.path = dir_ + "/mine.dat";
