@@ -158,6 +158,10 @@ void NvmeStore::Queue::wait() {
     error.emplace(ErrorKind::kIo,
                   std::string("I/O error on swap file ") + store_.path_ + ": " + e.what());
   }
+  const aio::AioStats io_stats = io_.stats();
+  const uint64_t requests = io_stats.requests - reported_.requests;
+  const uint64_t fixed_requests = io_stats.fixed_requests - reported_.fixed_requests;
+  reported_ = io_stats;
   // Whether the file went buffered is known once this handle has opened it.
   bool buffered = false;
   if (!checked_buffered_ && !pending_.empty()) {
@@ -183,6 +187,8 @@ void NvmeStore::Queue::wait() {
   {
     std::lock_guard lock(store_.mutex_);
     store_.buffered_ = store_.buffered_ || buffered;
+    store_.io_requests_ += requests;
+    store_.fixed_io_requests_ += fixed_requests;
     for (const Pending& p : pending_) {
       Extent& extent = store_.extents_[p.id];
       if (p.is_write) {
@@ -207,6 +213,14 @@ void NvmeStore::Queue::wait() {
   if (error) {
     throw *error;
   }
+}
+
+bool NvmeStore::Queue::register_buffers(std::span<const std::pair<void*, size_t>> ranges) {
+  return io_.register_buffers(ranges);
+}
+
+void NvmeStore::Queue::unregister_buffers(std::span<const std::pair<void*, size_t>> ranges) {
+  io_.unregister_buffers(ranges);
 }
 
 // ---- NvmeStore -------------------------------------------------------------------------
@@ -508,6 +522,8 @@ NvmeStoreStats NvmeStore::stats() const {
     stats.bytes_written = bytes_written_;
     stats.reads = reads_;
     stats.writes = writes_;
+    stats.io_requests = io_requests_;
+    stats.fixed_io_requests = fixed_io_requests_;
     stats.file_bytes = end_;
     stats.reserved_bytes = reserved_;
     stats.buffered = buffered_;

@@ -31,7 +31,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "aio/config.h"
@@ -62,12 +64,14 @@ struct ExtentInfo {
 struct NvmeStoreStats {
   uint64_t bytes_read = 0;
   uint64_t bytes_written = 0;
-  uint64_t reads = 0;           // extent reads completed (verified when checksums are on)
-  uint64_t writes = 0;          // extent writes completed
-  uint64_t file_bytes = 0;      // size of the swap file's allocated span
-  uint64_t reserved_bytes = 0;  // bytes fallocated so far
-  bool buffered = false;        // the file system refused O_DIRECT (tmpfs)
-  bool replaced_stale = false;  // a swap file from a crashed run was found and replaced
+  uint64_t reads = 0;              // extent reads completed (verified when checksums are on)
+  uint64_t writes = 0;             // extent writes completed
+  uint64_t file_bytes = 0;         // size of the swap file's allocated span
+  uint64_t reserved_bytes = 0;     // bytes fallocated so far
+  uint64_t io_requests = 0;        // aio requests of the transfers waited for, on all queues
+  uint64_t fixed_io_requests = 0;  // of io_requests: those that used a registered buffer
+  bool buffered = false;           // the file system refused O_DIRECT (tmpfs)
+  bool replaced_stale = false;     // a swap file from a crashed run was found and replaced
 };
 
 class NvmeStore {
@@ -94,6 +98,15 @@ class NvmeStore {
 
     [[nodiscard]] size_t pending() const noexcept { return pending_.size(); }
 
+    // Registers long-lived memory (a pinned pool's ranges()) with this queue's aio handle,
+    // so transfers whose buffer lies inside one range use io_uring fixed buffers (see
+    // aio::AioHandle::register_buffers). Returns false when the backend has none or the
+    // kernel refused them; transfers work either way. The ranges must stay mapped until
+    // unregister_buffers() for them has returned or the queue is destroyed. Blocks until the
+    // handle's workers use the new table (they first finish the requests they hold).
+    bool register_buffers(std::span<const std::pair<void*, size_t>> ranges);
+    void unregister_buffers(std::span<const std::pair<void*, size_t>> ranges);
+
    private:
     friend class NvmeStore;
     explicit Queue(NvmeStore& store);
@@ -116,6 +129,7 @@ class NvmeStore {
     aio::AioHandle io_;
     std::vector<Pending> pending_;
     bool checked_buffered_ = false;  // io_'s O_DIRECT fallback reported to the store
+    aio::AioStats reported_;         // io_.stats() already added to the store's totals
   };
 
   // Creates the directory, takes the lock, replaces a stale swap file. Throws
@@ -189,6 +203,8 @@ class NvmeStore {
   uint64_t bytes_written_ = 0;               // guarded by mutex_
   uint64_t reads_ = 0;                       // guarded by mutex_
   uint64_t writes_ = 0;                      // guarded by mutex_
+  uint64_t io_requests_ = 0;                 // guarded by mutex_
+  uint64_t fixed_io_requests_ = 0;           // guarded by mutex_
   bool buffered_ = false;                    // guarded by mutex_: some queue fell back
   bool replaced_stale_ = false;              // set in the constructor only
 

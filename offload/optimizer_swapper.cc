@@ -96,9 +96,14 @@ OptimizerSwapper::OptimizerSwapper(const OptimizerSwapperConfig& config,
     store_->reserve();  // fail now, with the numbers, rather than at the first write
     state_pool_ = std::make_unique<PinnedBufferPool>(sets * kinds_.size(), group * 4, accelerator,
                                                      "optimizer state pool");
+    const std::vector<std::pair<void*, size_t>> ranges = state_pool_->ranges();
+    bool register_pool = true;  // stop asking once a handle refused (one warning, not one per set)
     for (size_t s = 0; s < sets; ++s) {
       auto set = std::make_unique<BufferSet>();
       set->queue = store_->make_queue();
+      if (register_pool) {
+        register_pool = set->queue->register_buffers(ranges);
+      }
       sets_.push_back(std::move(set));
     }
   } else {

@@ -17,6 +17,8 @@
 // grads, m, v; 3 for Adagrad and Lion) plus one 16-bit copy buffer of sub_group_size x 2
 // bytes. `buffer_count` (offload_optimizer.buffer_count) must be at least `states`; the
 // constructor fails early with the numbers otherwise. pinned_bytes() reports the total.
+// Each set's I/O queue has the state buffers registered (io_uring fixed buffers; when the
+// kernel refuses, transfers take the normal path).
 //
 // Failure: any I/O error or corrupt extent throws OffloadError out of step() after every
 // in-flight transfer has ended. Sub-groups before the failing one have been updated on
@@ -138,6 +140,7 @@ class OptimizerSwapper {
   std::vector<std::vector<std::byte>> memory_;  // device kCpu: one array per kind
   std::unique_ptr<PinnedBufferPool> state_pool_;
   std::unique_ptr<PinnedBufferPool> copy_pool_;
+  // After the pools: the sets' queues, which have state_pool_'s buffers registered, go first.
   std::vector<std::unique_ptr<BufferSet>> sets_;
   Counters counters_;
 };

@@ -47,7 +47,12 @@ uint64_t ParamSwapper::chunk_numel(const Partition& p, size_t chunk) const {
 
 ParamSwapper::QueuePtr ParamSwapper::take_queue() {
   if (idle_queues_.empty()) {
-    return store_.make_queue();
+    QueuePtr queue = store_.make_queue();
+    if (register_pool_) {
+      const std::vector<std::pair<void*, size_t>> ranges = pool_->ranges();
+      register_pool_ = queue->register_buffers(ranges);
+    }
+    return queue;
   }
   QueuePtr queue = std::move(idle_queues_.back());
   idle_queues_.pop_back();

@@ -27,7 +27,9 @@
 // their errors. A failed add() leaves no partition and no extent behind.
 //
 // Pinned memory: buffer_count x buffer_size x element_bytes, fixed at construction. I/O
-// threads: intra_op_parallelism per queue, at most buffer_count + 1 queues.
+// threads: intra_op_parallelism per queue, at most buffer_count + 1 queues. Every queue the
+// swapper makes has the pool's buffers registered (io_uring fixed buffers; when the kernel
+// refuses, e.g. RLIMIT_MEMLOCK, transfers take the normal path and no later queue tries).
 //
 // Thread safety: one driving thread calls everything except counters(), which may be
 // called from any thread; the I/O runs on aio's workers. Views stay valid until the
@@ -139,7 +141,9 @@ class ParamSwapper {
 
   const ParamSwapperConfig config_;
   NvmeStore& store_;
+  // Before every queue: the queues, which have its buffers registered, go first.
   std::unique_ptr<PinnedBufferPool> pool_;
+  bool register_pool_ = true;          // false once a queue's handle refused the pool
   std::vector<QueuePtr> idle_queues_;  // drained queues, reused by later reads and adds
   std::vector<Partition> partitions_;  // after idle_queues_: their in-flight queues drain first
   uint64_t cpu_elements_ = 0;

@@ -251,4 +251,13 @@ PinnedPoolStats PinnedBufferPool::stats() const {
   return stats;
 }
 
+std::vector<std::pair<void*, size_t>> PinnedBufferPool::ranges() const {
+  std::vector<std::pair<void*, size_t>> result;
+  result.reserve(shared_->buffers.size());
+  for (const aio::PinnedBuffer& buffer : shared_->buffers) {
+    result.emplace_back(buffer.data(), buffer.capacity());
+  }
+  return result;
+}
+
 }  // namespace zinf::offload

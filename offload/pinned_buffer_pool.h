@@ -31,6 +31,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace zinf::offload {
@@ -113,6 +114,11 @@ class PinnedBufferPool {
   [[nodiscard]] size_t buffer_bytes() const noexcept { return buffer_bytes_; }
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
   [[nodiscard]] PinnedPoolStats stats() const;
+  // The whole memory of every buffer as {data, bytes} (bytes: the rounded, 4096-multiple
+  // allocation), in index order: what to hand to aio::AioHandle::register_buffers(). The
+  // ranges stay mapped while the pool or any of its leases lives; whoever registers them
+  // must drop the registration (or the handle) before the last of those goes.
+  [[nodiscard]] std::vector<std::pair<void*, size_t>> ranges() const;
 
  private:
   // Checks that `count` can ever be had by the calling thread; throws otherwise.

@@ -180,6 +180,12 @@ StepFigures run_steps(const Options& o, bool pipeline) {
                 report.seconds, c.to_string().c_str());
     std::fflush(stdout);
   }
+  // Steps read and write pool buffers registered with io_uring; initialize() and the grads
+  // move caller memory, which takes the normal path.
+  const auto stats = store.stats();
+  std::printf("  pipeline %-3s aio requests %llu, of which fixed-buffer %llu (whole run)\n",
+              pipeline ? "on" : "off", static_cast<unsigned long long>(stats.io_requests),
+              static_cast<unsigned long long>(stats.fixed_io_requests));
   return figures;
 }
 

@@ -179,6 +179,32 @@ TEST(OptimizerSwapper, NvmeStepIsBitIdenticalToInMemoryAndPipeliningChangesNothi
   }
 }
 
+// The sets' queues have the state buffers registered: on io_uring the step's transfers use
+// fixed buffers, and the results stay bit-identical in every pipelining mode.
+TEST(OptimizerSwapper, StepTransfersUseFixedBuffersOnIoUringWithUnchangedResults) {
+  const uint32_t seed = test_seed();
+  ZINF_TRACE_SEED(seed);
+  const Problem problem(seed);
+  const Outcome direct = run_direct(problem);
+  for (int mode = 0; mode < 4; ++mode) {
+    SCOPED_TRACE("mode " + std::to_string(mode));
+    TempDir dir;
+    NvmeStoreConfig sc = store_config(dir.path(), /*checksums=*/true);
+    sc.aio.backend = aio::BackendKind::kIoUring;
+    NvmeStore store(sc);
+    OptimizerSwapperConfig nvme;
+    nvme.pipeline_read = (mode & 1) != 0;
+    nvme.pipeline_write = (mode & 2) != 0;
+    expect_identical(run_swapper(problem, nvme, &store), direct, "io_uring");
+    const NvmeStoreStats stats = store.stats();
+    // Every step reads and writes each of the 4 sub-groups' arrays from pool buffers; the
+    // loads, grads and read_state calls go through caller memory (not registered).
+    EXPECT_GT(stats.fixed_io_requests, 0u)
+        << "no fixed-buffer requests (io_uring refused the registration: RLIMIT_MEMLOCK?)";
+    EXPECT_LT(stats.fixed_io_requests, stats.io_requests);
+  }
+}
+
 TEST(OptimizerSwapper, TmpfsAndBf16GradsMatchInMemory) {
   if (!testing::have_dev_shm()) {
     GTEST_SKIP() << "no /dev/shm";

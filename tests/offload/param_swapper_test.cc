@@ -104,6 +104,37 @@ TEST_P(ParamSwapperMedia, RoundTripsAcrossTiersAndBufferSizes) {
   EXPECT_EQ(direct, values[2]);
 }
 
+// Every queue the swapper makes has the pool registered: on io_uring swap-ins read into
+// fixed buffers, with the same values.
+TEST(ParamSwapper, SwapInsUseFixedBuffersOnIoUring) {
+  const uint32_t seed = test_seed();
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  TempDir dir;
+  NvmeStoreConfig sc = store_config(dir.path());
+  sc.aio.backend = aio::BackendKind::kIoUring;
+  NvmeStore store(sc);
+  ParamSwapperConfig config = small_config();
+  config.buffer_size = 4096;  // 8 KiB chunks: their bulk goes to the file without bouncing
+  config.max_in_cpu = 0;
+  ParamSwapper swapper(config, store);
+  const std::vector<uint64_t> sizes = {4096, 9001, 1, 5000};
+  std::vector<std::vector<uint16_t>> values;
+  std::vector<ParamId> ids;
+  for (uint64_t n : sizes) {
+    values.push_back(random_half(rng, n));
+    ids.push_back(swapper.add(n, values.back().data()));
+  }
+  const uint64_t fixed_after_add = store.stats().fixed_io_requests;  // adds write caller memory
+  EXPECT_EQ(swapper.prefetch(std::span<const ParamId>(ids).first(1)), 1u);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(gather(swapper.swap_in(ids[i])), values[i]) << "partition " << i;
+    swapper.release(ids[i]);
+  }
+  EXPECT_GT(store.stats().fixed_io_requests, fixed_after_add)
+      << "no fixed-buffer requests (io_uring refused the registration: RLIMIT_MEMLOCK?)";
+}
+
 INSTANTIATE_TEST_SUITE_P(Media, ParamSwapperMedia, ::testing::Bool(), [](const auto& param_info) {
   return std::string(param_info.param ? "Tmpfs" : "Disk");
 });
