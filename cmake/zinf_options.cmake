@@ -31,6 +31,10 @@ function(zinf_add_test)
   add_executable(${T_NAME} ${T_SOURCES})
   zinf_target_defaults(${T_NAME})
   target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
+  # gtest_discover_tests flattens PROPERTIES, so a list of labels would lose all but the
+  # first: the labels are joined into one ("aio,tsan"). `ctest -L` takes a regular
+  # expression, so `-L tsan` and `-L aio` both select such a test.
+  string(JOIN "," _labels ${T_LABELS})
   gtest_discover_tests(${T_NAME} DISCOVERY_TIMEOUT 60
-                       PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}")
+                       PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${_labels}")
 endfunction()
