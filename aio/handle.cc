@@ -121,6 +121,7 @@ struct Part {
 struct Transfer {
   Op op = Op::kRead;
   bool async = false;
+  uint64_t ticket = 0;  // async: what async_* returned, for wait_for()
   std::shared_ptr<const FileEntry> file;
   std::vector<Part> parts;  // fixed before the parts are enqueued
   // Guarded by AioHandle::Impl::mutex_:
@@ -644,8 +645,8 @@ class AioHandle::Impl final : public PartListener {
     if (transfer->error) std::rethrow_exception(transfer->error);
   }
 
-  void run_async(Op op, std::byte* buffer, uint64_t bytes, const std::string& path,
-                 uint64_t offset) {
+  uint64_t run_async(Op op, std::byte* buffer, uint64_t bytes, const std::string& path,
+                     uint64_t offset) {
     std::unique_ptr<Transfer> transfer;
     try {
       transfer = make_transfer(op, buffer, bytes, path, offset);
@@ -657,12 +658,51 @@ class AioHandle::Impl final : public PartListener {
     }
     transfer->async = true;
     Transfer& ref = *transfer;
+    uint64_t ticket = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      ticket = ++last_ticket_;
+      ref.ticket = ticket;
       async_.push_back(std::move(transfer));
       if (!ref.parts.empty()) ++async_outstanding_;
     }
     start(ref);
+    return ticket;
+  }
+
+  void wait_for(std::span<const uint64_t> tickets) {
+    std::vector<std::unique_ptr<Transfer>> ended;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      for (uint64_t ticket : tickets) {
+        if (ticket == 0 || ticket > last_ticket_) {
+          throw std::invalid_argument("aio: wait_for: ticket " + std::to_string(ticket) +
+                                      " was never issued by this handle");
+        }
+      }
+      // A ticket no longer in async_ was collected by wait() or another wait_for().
+      const auto all_ended = [&] {
+        for (const auto& transfer : async_) {
+          if (!transfer->done &&
+              std::find(tickets.begin(), tickets.end(), transfer->ticket) != tickets.end()) {
+            return false;
+          }
+        }
+        return true;
+      };
+      done_cv_.wait(lock, all_ended);
+      for (auto it = async_.begin(); it != async_.end();) {
+        if (std::find(tickets.begin(), tickets.end(), (*it)->ticket) != tickets.end()) {
+          ended.push_back(std::move(*it));
+          it = async_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (const auto& transfer : ended) {
+      if (transfer->error) std::rethrow_exception(transfer->error);
+    }
   }
 
   int wait() {
@@ -825,6 +865,7 @@ class AioHandle::Impl final : public PartListener {
   std::condition_variable done_cv_;
   std::vector<std::unique_ptr<Transfer>> async_;  // guarded by mutex_; not yet collected
   size_t async_outstanding_ = 0;                  // guarded by mutex_; async_ not yet done
+  uint64_t last_ticket_ = 0;                      // guarded by mutex_; tickets are 1, 2, ...
 };
 
 AioHandle::AioHandle(AioConfig config) : AioHandle(std::move(config), nullptr) {}
@@ -849,18 +890,24 @@ void AioHandle::pwrite(const void* buffer, uint64_t bytes, const std::string& pa
                   file_offset);
 }
 
-void AioHandle::async_pread(void* buffer, uint64_t bytes, const std::string& path,
-                            uint64_t file_offset) {
-  impl_->run_async(Op::kRead, static_cast<std::byte*>(buffer), bytes, path, file_offset);
+uint64_t AioHandle::async_pread(void* buffer, uint64_t bytes, const std::string& path,
+                                uint64_t file_offset) {
+  return impl_->run_async(Op::kRead, static_cast<std::byte*>(buffer), bytes, path, file_offset);
 }
 
-void AioHandle::async_pwrite(const void* buffer, uint64_t bytes, const std::string& path,
-                             uint64_t file_offset) {
-  impl_->run_async(Op::kWrite, static_cast<std::byte*>(const_cast<void*>(buffer)), bytes, path,
-                   file_offset);
+uint64_t AioHandle::async_pwrite(const void* buffer, uint64_t bytes, const std::string& path,
+                                 uint64_t file_offset) {
+  return impl_->run_async(Op::kWrite, static_cast<std::byte*>(const_cast<void*>(buffer)), bytes,
+                          path, file_offset);
 }
 
 int AioHandle::wait() { return impl_->wait(); }
+
+void AioHandle::wait_for(uint64_t ticket) {
+  impl_->wait_for(std::span<const uint64_t>(&ticket, 1));
+}
+
+void AioHandle::wait_for(std::span<const uint64_t> tickets) { impl_->wait_for(tickets); }
 
 int AioHandle::pending() const { return impl_->pending(); }
 

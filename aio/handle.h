@@ -30,8 +30,10 @@
 // on with an IoError saying so: make a new handle.
 //
 // Thread safety: all public methods may be called from any thread; async requests from
-// several threads share the handle's workers, and wait() waits for all of them. Buffers
-// passed to async_* must stay valid and untouched until wait() returns. The destructor
+// several threads share the handle's workers, and wait() waits for all of them, while
+// wait_for() waits only for the transfers whose tickets it is given. Buffers passed to
+// async_* must stay valid and untouched until the wait() or wait_for() collecting that
+// transfer returns. The destructor
 // waits for in-flight requests (it never abandons memory the kernel is still writing).
 #pragma once
 
@@ -82,16 +84,30 @@ class AioHandle {
   void pwrite(const void* buffer, uint64_t bytes, const std::string& path, uint64_t file_offset);
 
   // Queue a transfer and return at once; it starts as soon as a worker is free. Many may be
-  // in flight across files. Errors are reported by wait().
-  void async_pread(void* buffer, uint64_t bytes, const std::string& path, uint64_t file_offset);
-  void async_pwrite(const void* buffer, uint64_t bytes, const std::string& path,
-                    uint64_t file_offset);
+  // in flight across files. Returns the transfer's ticket (1, 2, ... per handle; callers that
+  // only use wait() may ignore it). Errors are reported by the wait() or wait_for() that
+  // collects the transfer.
+  uint64_t async_pread(void* buffer, uint64_t bytes, const std::string& path, uint64_t file_offset);
+  uint64_t async_pwrite(const void* buffer, uint64_t bytes, const std::string& path,
+                        uint64_t file_offset);
 
-  // Blocks until every queued async transfer has ended; returns how many ended. If any
-  // failed, all others are still waited for and then the first failure is thrown.
+  // Blocks until every queued async transfer has ended and collects them; returns how many
+  // it collected. If any failed, all others are still waited for and then the first failure
+  // is thrown. Transfers collected by wait_for() are neither counted nor reported again.
   int wait();
 
-  // Async transfers queued and not yet collected by wait().
+  // Blocks until the transfers with these tickets have ended, and collects them: afterwards
+  // they are no longer pending() and wait() neither counts nor reports them. If any failed,
+  // all are still waited for and then the failure of the lowest failed ticket is thrown,
+  // here and only here. A ticket already collected (by wait() or an earlier wait_for(),
+  // which reported its outcome) is skipped. Throws std::invalid_argument, before waiting for
+  // anything, for a ticket this handle never issued.
+  // Other transfers keep running and are not waited for, so one handle can serve several
+  // independent batches (each waiting for its own tickets from its own thread).
+  void wait_for(uint64_t ticket);
+  void wait_for(std::span<const uint64_t> tickets);
+
+  // Async transfers queued and not yet collected by wait() or wait_for().
   int pending() const;
 
   // Paths opened without O_DIRECT because the filesystem refused it.
