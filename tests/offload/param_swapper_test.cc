@@ -232,7 +232,15 @@ TEST(ParamSwapper, ReadFaultIsReportedAndTheNextSwapInRetries) {
   const std::vector<uint16_t> w = random_half(rng, 600);
   const ParamId id = swapper.add(v.size(), v.data());
   const ParamId other = swapper.add(w.size(), w.data());
-  faults->add(aio::FaultRule{.op = aio::Op::kRead, .kind = aio::FaultKind::kError, .error = EIO});
+  // Both prefetches run at once on their own queues, so "the first read" could belong to
+  // either: the rule is tied to `id`'s extents instead. The store allocates first-fit from
+  // offset 0 in add() order, so `id`'s two chunks (1000 + 800 elements) sit in the first
+  // two 4096-byte extents and `other` starts at 8192.
+  faults->add(aio::FaultRule{.op = aio::Op::kRead,
+                             .offset_begin = 0,
+                             .offset_end = 8192,
+                             .kind = aio::FaultKind::kError,
+                             .error = EIO});
   EXPECT_EQ(swapper.prefetch(std::vector<ParamId>{id, other}), 2u);
   try {
     (void)swapper.swap_in(id);
