@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "tests/aio/test_util.h"
+#include "tests/common/seed.h"
+#include "tests/common/temp_dir.h"
 
 namespace zinf::aio {
 namespace {
@@ -21,8 +23,8 @@ using testing::backend_param_name;
 using testing::fill_random;
 using testing::first_difference;
 using testing::ShiftedBuffer;
-using testing::TempDir;
-using testing::test_seed;
+using zinf::testing::TempDir;
+using zinf::testing::test_seed;
 
 constexpr unsigned kDepth = 4;
 constexpr uint32_t kRequest = 64 * 1024;
@@ -70,6 +72,8 @@ class BackendTest : public ::testing::TestWithParam<BackendKind> {
   }
 
   TempDir dir_;
+  const uint64_t seed_ = test_seed();
+  ::testing::ScopedTrace seed_trace_{__FILE__, __LINE__, zinf::testing::seed_trace_message(seed_)};
   std::unique_ptr<Backend> backend_;
   std::string path_;
   int fd_ = -1;
@@ -83,7 +87,7 @@ TEST_P(BackendTest, ReportsNameAndCapacity) {
 
 TEST_P(BackendTest, RoundTripWithTags) {
   ShiftedBuffer out(kDepth * kRequest, 0);
-  fill_random(out.data(), out.size(), test_seed());
+  fill_random(out.data(), out.size(), seed_);
   for (unsigned i = 0; i < kDepth; ++i) {
     ASSERT_EQ(backend_->prep(Request{.op = Op::kWrite,
                                      .fd = fd_,
@@ -123,7 +127,7 @@ TEST_P(BackendTest, RoundTripWithTags) {
 
 TEST_P(BackendTest, ShortReadAtEndOfFileAndErrorsAreCompletions) {
   ShiftedBuffer buf(kRequest, 0);
-  fill_random(buf.data(), buf.size(), test_seed());
+  fill_random(buf.data(), buf.size(), seed_);
   ASSERT_EQ(
       backend_->prep(Request{
           .op = Op::kWrite, .fd = fd_, .buffer = buf.data(), .bytes = 8192, .offset = 0, .tag = 1}),
@@ -152,6 +156,8 @@ TEST_P(BackendTest, ShortReadAtEndOfFileAndErrorsAreCompletions) {
 }
 
 TEST(UringBackendTest, RegisteredFilesAndFixedBuffers) {
+  const uint64_t seed = test_seed();
+  ZINF_TRACE_SEED(seed);
   TempDir dir;
   ASSERT_TRUE(dir.ok());
   auto backend = make_io_uring_backend(2);
@@ -162,7 +168,7 @@ TEST(UringBackendTest, RegisteredFilesAndFixedBuffers) {
   ASSERT_GE(fd, 0);
   ShiftedBuffer out(kRequest, 0);
   ShiftedBuffer in(kRequest, 0);
-  fill_random(out.data(), out.size(), test_seed());
+  fill_random(out.data(), out.size(), seed);
   const int fds[] = {fd};
   ASSERT_EQ(backend->register_files(fds), 0);
   const iovec buffers[] = {{out.data(), out.size()}, {in.data(), in.size()}};

@@ -12,6 +12,8 @@
 #include "aio/fault_backend.h"
 #include "aio/handle.h"
 #include "tests/aio/test_util.h"
+#include "tests/common/seed.h"
+#include "tests/common/temp_dir.h"
 
 namespace zinf::aio {
 namespace {
@@ -21,8 +23,8 @@ using testing::backend_param_name;
 using testing::fill_random;
 using testing::first_difference;
 using testing::ShiftedBuffer;
-using testing::TempDir;
-using testing::test_seed;
+using zinf::testing::TempDir;
+using zinf::testing::test_seed;
 
 constexpr uint64_t kBlockSize = 64 * 1024;
 constexpr uint64_t kBytes = 1024 * 1024 + 4096 + 300;  // 16 whole requests, a block, a tail
@@ -35,7 +37,7 @@ class FaultTest : public ::testing::TestWithParam<BackendKind> {
     config_.queue_depth = 4;
     config_.intra_op_parallelism = 2;
     data_.resize(kBytes);
-    fill_random(data_.data(), data_.size(), test_seed());
+    fill_random(data_.data(), data_.size(), seed_);
   }
 
   AioHandle make_handle() { return AioHandle(config_, fault_backend_factory(faults_)); }
@@ -50,7 +52,6 @@ class FaultTest : public ::testing::TestWithParam<BackendKind> {
 
   // Reads `path` back without faults and compares it to data_.
   void expect_file_matches(const std::string& path) {
-    SCOPED_TRACE(::testing::Message() << "seed=" << test_seed());
     AioHandle clean(config_);
     std::vector<std::byte> back(data_.size());
     clean.pread(back.data(), back.size(), path, 0);
@@ -59,10 +60,10 @@ class FaultTest : public ::testing::TestWithParam<BackendKind> {
 
   // Reads `path` through a faulty handle into a shifted buffer and compares.
   void expect_faulty_read_matches(const std::string& path, size_t shift) {
-    SCOPED_TRACE(::testing::Message() << "seed=" << test_seed() << " shift=" << shift);
+    SCOPED_TRACE(::testing::Message() << "shift=" << shift);
     AioHandle handle = make_handle();
     ShiftedBuffer back(data_.size(), shift);
-    fill_random(back.data(), back.size(), ~test_seed());
+    fill_random(back.data(), back.size(), ~seed_);
     handle.pread(back.data(), back.size(), path, 0);
     EXPECT_EQ(first_difference(data_.data(), back.data(), data_.size()), -1);
   }
@@ -71,6 +72,8 @@ class FaultTest : public ::testing::TestWithParam<BackendKind> {
   std::shared_ptr<FaultInjector> faults_;
   std::vector<std::byte> data_;
   TempDir dir_;
+  const uint64_t seed_ = test_seed();
+  ::testing::ScopedTrace seed_trace_{__FILE__, __LINE__, zinf::testing::seed_trace_message(seed_)};
 };
 
 TEST_P(FaultTest, EioOnReadNamesFileAndOffset) {

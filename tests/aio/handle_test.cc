@@ -21,6 +21,8 @@
 #include "aio/fault_backend.h"
 #include "aio/file_cache.h"
 #include "tests/aio/test_util.h"
+#include "tests/common/seed.h"
+#include "tests/common/temp_dir.h"
 
 namespace zinf::aio {
 namespace {
@@ -31,8 +33,8 @@ using testing::fill_random;
 using testing::first_difference;
 using testing::numbered;
 using testing::ShiftedBuffer;
-using testing::TempDir;
-using testing::test_seed;
+using zinf::testing::TempDir;
+using zinf::testing::test_seed;
 
 constexpr uint64_t kMiB = 1 << 20;
 
@@ -71,12 +73,14 @@ class HandleTest : public ::testing::TestWithParam<BackendKind> {
   void check_buffered_fallback(const std::string& path);
 
   TempDir dir_;
+  const uint64_t seed_ = test_seed();
+  ::testing::ScopedTrace seed_trace_{__FILE__, __LINE__, zinf::testing::seed_trace_message(seed_)};
 };
 
 TEST_P(HandleTest, RoundTripsOddSizesOffsetsAndBuffers) {
   ASSERT_TRUE(dir_.ok());
   AioHandle handle(config(3, 64 * 1024, 4));
-  const uint64_t seed = test_seed();
+  const uint64_t seed = seed_;
   const std::vector<uint64_t> sizes = {0, 1, 511, 4096, kMiB + 7};
   const std::vector<uint64_t> offsets = {0, 3 * 4096, 1234};
   int n = 0;
@@ -96,8 +100,8 @@ TEST_P(HandleTest, RoundTripsOddSizesOffsetsAndBuffers) {
 TEST_P(HandleTest, RoundTrips64MiB) {
   ASSERT_TRUE(dir_.ok());
   AioHandle handle(config(4, kMiB, 8));
-  round_trip(handle, dir_.file("aligned"), 64 * kMiB, 0, 0, 0, test_seed());
-  round_trip(handle, dir_.file("unaligned"), 64 * kMiB, 123, 7, 0, test_seed() + 1);
+  round_trip(handle, dir_.file("aligned"), 64 * kMiB, 0, 0, 0, seed_);
+  round_trip(handle, dir_.file("unaligned"), 64 * kMiB, 123, 7, 0, seed_ + 1);
 }
 
 // Random writes (sizes 0..300 KiB, offsets anywhere in 1 MiB or past 4 GiB, shifted buffers)
@@ -106,8 +110,7 @@ TEST_P(HandleTest, RoundTrips64MiB) {
 TEST_P(HandleTest, RandomWritesMatchAModelOfTheFile) {
   ASSERT_TRUE(dir_.ok());
   AioHandle handle(config(3, 64 * 1024, 4));
-  const uint64_t seed = test_seed();
-  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  const uint64_t seed = seed_;
   std::mt19937_64 rng(seed);
   for (uint64_t base : {uint64_t{0}, uint64_t{(4ull << 30) + 333}}) {
     const std::string path = dir_.file(numbered("model", base == 0 ? 0 : 1));
@@ -146,8 +149,7 @@ TEST_P(HandleTest, MixedDirectAndPartialBlockWritesStayCoherent) {
   const std::string path = dir_.file("mixed");
   constexpr uint64_t kSpan = 16 * 4096;
   std::vector<std::byte> model(kSpan);
-  std::mt19937_64 rng(test_seed());
-  SCOPED_TRACE(::testing::Message() << "seed=" << test_seed());
+  std::mt19937_64 rng(seed_);
   ShiftedBuffer first(kSpan, 0);
   fill_random(first.data(), kSpan, rng());
   handle.pwrite(first.data(), kSpan, path, 0);  // all direct
@@ -194,8 +196,8 @@ TEST_P(HandleTest, SplitsNotDivisibleByParallelism) {
                                           << " single=" << single);
         const std::string path =
             dir_.file(numbered("p", parallelism * 100 + overlap * 10 + single));
-        round_trip(handle, path, bytes, 0, 0, 0, test_seed() + parallelism);
-        round_trip(handle, path, bytes, 100, 3, 0, test_seed() + 7 * parallelism);
+        round_trip(handle, path, bytes, 0, 0, 0, seed_ + parallelism);
+        round_trip(handle, path, bytes, 100, 3, 0, seed_ + 7 * parallelism);
         if (HasFatalFailure()) return;
       }
     }
@@ -207,8 +209,8 @@ TEST_P(HandleTest, OffsetsBeyondFourGiBOnSparseFile) {
   AioHandle handle(config(3));
   const std::string path = dir_.file("sparse");
   const uint64_t far = (5ull << 30) + 100;  // past 2^32, unaligned
-  round_trip(handle, path, kMiB + 7, far, 0, 0, test_seed());
-  round_trip(handle, path, 64 * 1024, 1ull << 32, 0, 0, test_seed() + 1);  // aligned at 2^32
+  round_trip(handle, path, kMiB + 7, far, 0, 0, seed_);
+  round_trip(handle, path, 64 * 1024, 1ull << 32, 0, 0, seed_ + 1);  // aligned at 2^32
   EXPECT_EQ(file_size(path), far + kMiB + 7);
   // The hole before it reads as zeros.
   std::vector<std::byte> hole(10000, std::byte{0xff});
@@ -223,8 +225,7 @@ TEST_P(HandleTest, ConcurrentAsyncTransfersAcrossFilesAndThreads) {
   constexpr int kFilesPerThread = 3;
   constexpr int kChunks = 4;
   constexpr uint64_t kChunk = 256 * 1024 + 13;
-  const uint64_t seed = test_seed();
-  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  const uint64_t seed = seed_;
   std::vector<std::vector<std::byte>> data(kThreads * kFilesPerThread);
   for (size_t i = 0; i < data.size(); ++i) {
     data[i].resize(kChunks * kChunk);
@@ -277,7 +278,7 @@ TEST_P(HandleTest, NeighbouringUnalignedAsyncWritesKeepEachOthersBytes) {
   constexpr size_t kPiece = 100;
   constexpr size_t kPieces = 200;  // pieces share 4096-byte blocks
   std::vector<std::byte> data(kPiece * kPieces);
-  fill_random(data.data(), data.size(), test_seed());
+  fill_random(data.data(), data.size(), seed_);
   for (size_t i = 0; i < kPieces; ++i) {
     handle.async_pwrite(data.data() + i * kPiece, kPiece, path, i * kPiece);
   }
@@ -293,7 +294,7 @@ TEST_P(HandleTest, ReadingPastEndOfFileIsAnErrorNamingTheFile) {
   AioHandle handle(config(2, 16 * 1024, 4));
   const std::string path = dir_.file("short");
   std::vector<std::byte> data(10000);
-  fill_random(data.data(), data.size(), test_seed());
+  fill_random(data.data(), data.size(), seed_);
   handle.pwrite(data.data(), data.size(), path, 0);
   // Up to the exact end works (the last block is partial).
   std::vector<std::byte> back(data.size());
@@ -348,8 +349,8 @@ TEST_P(HandleTest, WorksOnTmpfsWithOrWithoutODirect) {
   if (fd >= 0) ::close(fd);
   const std::string path = shm.file("data");
   AioHandle handle(config(3, 64 * 1024, 4));
-  round_trip(handle, path, kMiB + 7, 0, 0, 0, test_seed());
-  round_trip(handle, path, 511, 777, 3, 1, test_seed() + 1);
+  round_trip(handle, path, kMiB + 7, 0, 0, 0, seed_);
+  round_trip(handle, path, 511, 777, 3, 1, seed_ + 1);
   const std::vector<std::string> buffered = handle.buffered_paths();
   EXPECT_EQ(std::find(buffered.begin(), buffered.end(), path) != buffered.end(), refused);
 }
@@ -373,8 +374,8 @@ TEST_P(HandleTest, FallsBackToBufferedIoWhenODirectIsRefused) {
 
 void HandleTest::check_buffered_fallback(const std::string& path) {
   AioHandle handle(config(3, 64 * 1024, 4));
-  round_trip(handle, path, kMiB + 7, 0, 0, 0, test_seed());
-  round_trip(handle, path, 511, 777, 3, 1, test_seed() + 1);
+  round_trip(handle, path, kMiB + 7, 0, 0, 0, seed_);
+  round_trip(handle, path, 511, 777, 3, 1, seed_ + 1);
   const std::vector<std::string> buffered = handle.buffered_paths();
   EXPECT_NE(std::find(buffered.begin(), buffered.end(), path), buffered.end());
 }
@@ -385,7 +386,7 @@ TEST_P(HandleTest, StatsCountBytesAndBouncing) {
   EXPECT_EQ(handle.backend_name(), to_string(GetParam()));
   const std::string path = dir_.file("stats");
   ShiftedBuffer aligned(256 * 1024, 0);
-  fill_random(aligned.data(), aligned.size(), test_seed());
+  fill_random(aligned.data(), aligned.size(), seed_);
   handle.pwrite(aligned.data(), aligned.size(), path, 0);
   AioStats s = handle.stats();
   EXPECT_EQ(s.bytes_written, aligned.size());
@@ -402,7 +403,7 @@ TEST_P(HandleTest, DestructorDrainsInFlightTransfers) {
   ASSERT_TRUE(dir_.ok());
   const std::string path = dir_.file("drain");
   std::vector<std::byte> data(4 * kMiB);
-  fill_random(data.data(), data.size(), test_seed());
+  fill_random(data.data(), data.size(), seed_);
   // Every request's submission is held back a little, so the transfer is surely still in
   // flight when the destructor starts.
   auto faults = std::make_shared<FaultInjector>();

@@ -16,6 +16,8 @@
 #include "aio/handle.h"
 #include "aio/pinned_buffer.h"
 #include "tests/aio/test_util.h"
+#include "tests/common/seed.h"
+#include "tests/common/temp_dir.h"
 
 namespace zinf::aio {
 namespace {
@@ -25,8 +27,8 @@ using testing::backend_param_name;
 using testing::fill_random;
 using testing::first_difference;
 using testing::numbered;
-using testing::TempDir;
-using testing::test_seed;
+using zinf::testing::TempDir;
+using zinf::testing::test_seed;
 
 using Range = std::pair<void*, size_t>;
 
@@ -59,6 +61,8 @@ class RegisteredBuffersTest : public ::testing::TestWithParam<BackendKind> {
   }
 
   TempDir dir_;
+  const uint64_t seed_ = test_seed();
+  ::testing::ScopedTrace seed_trace_{__FILE__, __LINE__, zinf::testing::seed_trace_message(seed_)};
 };
 
 TEST_P(RegisteredBuffersTest, RoundTripsUseFixedBuffers) {
@@ -69,8 +73,7 @@ TEST_P(RegisteredBuffersTest, RoundTripsUseFixedBuffers) {
   PinnedBuffer in(bytes + 4096);
   const bool fixed =
       register_or_note(handle, {{out.data(), out.capacity()}, {in.data(), in.capacity()}});
-  const uint64_t seed = test_seed();
-  SCOPED_TRACE(::testing::Message() << "seed=" << seed);
+  const uint64_t seed = seed_;
   int n = 0;
   for (uint64_t offset :
        {uint64_t{0}, uint64_t{12288}, uint64_t{1234}, uint64_t{(5ull << 30) + 4096}}) {
@@ -103,7 +106,7 @@ TEST_P(RegisteredBuffersTest, MemoryPartlyOutsideARangeTakesTheNormalPath) {
   // requests at both ends straddle it and the ones between lie inside.
   const bool fixed =
       register_or_note(handle, {{buffer.data() + kBlockSize / 2, kBytes - kBlockSize}});
-  fill_random(buffer.data(), kBytes, test_seed());
+  fill_random(buffer.data(), kBytes, seed_);
   std::vector<std::byte> copy(buffer.data(), buffer.data() + kBytes);
   handle.pwrite(buffer.data(), kBytes, path, 0);
   AioStats s = handle.stats();
@@ -115,7 +118,7 @@ TEST_P(RegisteredBuffersTest, MemoryPartlyOutsideARangeTakesTheNormalPath) {
   EXPECT_EQ(handle.stats().fixed_requests, s.fixed_requests);
   EXPECT_EQ(first_difference(copy.data(), outside.data(), kBytes), -1);
   // Read back into the partly registered buffer.
-  fill_random(buffer.data(), kBytes, ~test_seed());
+  fill_random(buffer.data(), kBytes, ~seed_);
   handle.pread(buffer.data(), kBytes, path, 0);
   EXPECT_EQ(handle.stats().fixed_requests, fixed ? 12u : 0u);
   EXPECT_EQ(first_difference(copy.data(), buffer.data(), kBytes), -1);
@@ -127,8 +130,8 @@ TEST_P(RegisteredBuffersTest, UnregisteredRangesAreNoLongerUsed) {
   const std::string path = dir_.file("unregister");
   PinnedBuffer a(4 * kBlockSize);
   PinnedBuffer b(4 * kBlockSize);
-  fill_random(a.data(), a.size(), test_seed());
-  fill_random(b.data(), b.size(), test_seed() + 1);
+  fill_random(a.data(), a.size(), seed_);
+  fill_random(b.data(), b.size(), seed_ + 1);
   const std::vector<Range> ranges = {{a.data(), a.capacity()}, {b.data(), b.capacity()}};
   const bool fixed = register_or_note(handle, ranges);
   handle.pwrite(a.data(), a.size(), path, 0);
@@ -180,7 +183,7 @@ TEST_P(RegisteredBuffersTest, ShortTransfersContinueOnFixedBuffers) {
   PinnedBuffer in(bytes);
   const bool fixed =
       register_or_note(handle, {{out.data(), out.capacity()}, {in.data(), in.capacity()}});
-  fill_random(out.data(), bytes, test_seed());
+  fill_random(out.data(), bytes, seed_);
   handle.pwrite(out.data(), bytes, path, 0);
   handle.pread(in.data(), bytes, path, 0);
   EXPECT_GT(faults->fired(0), 32u);
@@ -205,7 +208,7 @@ TEST_P(RegisteredBuffersTest, RegistrationWhileTransfersAreInFlight) {
   for (int t = 0; t < kWriters; ++t) {
     out.emplace_back(kBytes);
     in.emplace_back(kBytes);
-    fill_random(out.back().data(), kBytes, test_seed() + static_cast<uint64_t>(t));
+    fill_random(out.back().data(), kBytes, seed_ + static_cast<uint64_t>(t));
     ranges.emplace_back(out.back().data(), out.back().capacity());
     ranges.emplace_back(in.back().data(), in.back().capacity());
   }

@@ -1,54 +1,22 @@
-// Helpers shared by the aio tests: a temporary directory removed at the end of the test,
-// seeded random bytes, and the list of backends every suite is parameterized over.
+// Helpers shared by the aio tests: seeded random bytes, shifted buffers, and the list of
+// backends every suite is parameterized over. The temporary directory and the seed policy
+// are the shared ones in tests/common.
 //
-// Thread safety: TempDir is not synchronized; fill_random() is a pure function.
+// Thread safety: fill_random(), first_difference() and numbered() are pure functions;
+// ShiftedBuffer is not synchronized.
 #pragma once
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "aio/config.h"
 
 namespace zinf::aio::testing {
-
-// A fresh directory under $TMPDIR (or /tmp), removed with its contents on destruction.
-class TempDir {
- public:
-  explicit TempDir(const std::string& parent = {}) {
-    std::string base = parent;
-    if (base.empty()) {
-      const char* env = std::getenv("TMPDIR");
-      base = env != nullptr && *env != '\0' ? env : "/tmp";
-    }
-    std::string pattern = base + "/zinf_aio_test_XXXXXX";
-    std::vector<char> buf(pattern.begin(), pattern.end());
-    buf.push_back('\0');
-    if (mkdtemp(buf.data()) != nullptr) path_ = buf.data();
-  }
-  ~TempDir() {
-    if (!path_.empty()) {
-      std::error_code ignored;
-      std::filesystem::remove_all(path_, ignored);
-    }
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  bool ok() const { return !path_.empty(); }
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 // splitmix64: fast and good enough to tell bytes apart; deterministic per seed.
 inline void fill_random(std::byte* data, size_t bytes, uint64_t seed) {
@@ -106,13 +74,6 @@ inline const std::vector<BackendKind>& all_backends() {
 
 inline std::string backend_param_name(const ::testing::TestParamInfo<BackendKind>& info) {
   return std::string(to_string(info.param));
-}
-
-// Seed for a test's random data: ZINF_TEST_SEED when set, else a fixed default; tests print
-// it with SCOPED_TRACE so a failure can be replayed.
-inline uint64_t test_seed() {
-  const char* env = std::getenv("ZINF_TEST_SEED");
-  return env != nullptr ? std::strtoull(env, nullptr, 0) : 0x5eed2024ull;
 }
 
 }  // namespace zinf::aio::testing

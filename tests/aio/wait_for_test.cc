@@ -17,6 +17,8 @@
 #include "aio/fault_backend.h"
 #include "aio/handle.h"
 #include "tests/aio/test_util.h"
+#include "tests/common/seed.h"
+#include "tests/common/temp_dir.h"
 
 namespace zinf::aio {
 namespace {
@@ -26,8 +28,8 @@ using testing::backend_param_name;
 using testing::fill_random;
 using testing::first_difference;
 using testing::numbered;
-using testing::TempDir;
-using testing::test_seed;
+using zinf::testing::TempDir;
+using zinf::testing::test_seed;
 
 constexpr uint64_t kBytes = 256 * 1024 + 4096 + 123;  // whole blocks, an aligned block, a tail
 
@@ -41,19 +43,20 @@ class WaitForTest : public ::testing::TestWithParam<BackendKind> {
   }
 
   // kBytes of seeded data unique to `n`.
-  static std::vector<std::byte> data_for(int n) {
+  std::vector<std::byte> data_for(int n) const {
     std::vector<std::byte> data(kBytes);
-    fill_random(data.data(), data.size(), test_seed() + static_cast<uint64_t>(n));
+    fill_random(data.data(), data.size(), seed_ + static_cast<uint64_t>(n));
     return data;
   }
 
   AioConfig config_;
   std::shared_ptr<FaultInjector> faults_;
   TempDir dir_;
+  const uint64_t seed_ = test_seed();
+  ::testing::ScopedTrace seed_trace_{__FILE__, __LINE__, zinf::testing::seed_trace_message(seed_)};
 };
 
 TEST_P(WaitForTest, TicketsAreIssuedInOrderAndWaitForCollectsOnlyItsOwn) {
-  SCOPED_TRACE(::testing::Message() << "seed=" << test_seed());
   AioHandle handle(config_);
   const std::vector<std::byte> a = data_for(1);
   const std::vector<std::byte> b = data_for(2);
@@ -129,7 +132,6 @@ TEST_P(WaitForTest, TicketsCollectedByWaitAreSkippedAndUnknownOnesRefused) {
 // Threads share one handle, each writing and reading back its own files and waiting only
 // for its own tickets, while the others keep theirs in flight.
 TEST_P(WaitForTest, ThreadsWaitForTheirOwnBatchesOnOneHandle) {
-  SCOPED_TRACE(::testing::Message() << "seed=" << test_seed());
   AioHandle handle(config_);
   constexpr int kThreads = 4;
   constexpr int kRounds = 5;

@@ -16,6 +16,7 @@
 #include "offload/cpu_accelerator.h"
 #include "offload/cuda_accelerator.h"
 #include "offload/error.h"
+#include "tests/common/seed.h"
 
 namespace zinf::offload {
 namespace {
@@ -108,8 +109,8 @@ TEST(CpuAccelerator, ConcurrentAllocationsNeverExceedTheBudget) {
 }
 
 TEST(CpuAccelerator, CopiesRoundTripThroughTheDevice) {
-  const uint32_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  const auto seed = static_cast<uint32_t>(zinf::testing::test_seed());
+  ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
   CpuAccelerator accelerator(1 << 20);
   auto stream = accelerator.create_stream();

@@ -20,14 +20,16 @@
 #include "aio/fault_backend.h"
 #include "aio/file_cache.h"
 #include "offload/error.h"
-#include "test_util.h"
+#include "tests/common/seed.h"
+#include "tests/common/temp_dir.h"
+#include "tests/offload/test_util.h"
 
 namespace zinf::offload {
 namespace {
 
 using testing::random_bytes;
-using testing::TempDir;
-using testing::test_seed;
+using zinf::testing::TempDir;
+using zinf::testing::test_seed;
 
 NvmeStoreConfig store_config(const std::string& dir, bool checksums) {
   NvmeStoreConfig config;
@@ -58,7 +60,7 @@ TEST_P(NvmeStoreRoundTrip, OddSizesComeBackIdentical) {
   if (on_tmpfs && !testing::have_dev_shm()) {
     GTEST_SKIP() << "no /dev/shm";
   }
-  const uint32_t seed = test_seed();
+  const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
   TempDir dir(on_tmpfs ? "/dev/shm" : "");
@@ -265,7 +267,7 @@ TEST(NvmeStore, OutOfSpacePreflightNamesPathNeededAndFree) {
 }
 
 TEST(NvmeStore, CorruptExtentIsReportedWithFileAndOffset) {
-  const uint32_t seed = test_seed();
+  const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
   TempDir dir;
@@ -299,7 +301,7 @@ TEST(NvmeStore, CorruptExtentIsReportedWithFileAndOffset) {
 }
 
 TEST(NvmeStore, InjectedWriteFaultTearsTheExtent) {
-  const uint32_t seed = test_seed();
+  const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
   TempDir dir;
@@ -338,7 +340,7 @@ TEST(NvmeStore, InjectedWriteFaultTearsTheExtent) {
 }
 
 TEST(NvmeStore, InjectedReadFaultsAreReportedAndShortReadsContinue) {
-  const uint32_t seed = test_seed();
+  const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
   TempDir dir;
@@ -369,7 +371,7 @@ TEST(NvmeStore, InjectedReadFaultsAreReportedAndShortReadsContinue) {
 }
 
 TEST(NvmeStore, ConcurrentQueuesOnDisjointExtents) {
-  const uint32_t seed = test_seed();
+  const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   TempDir dir;
   NvmeStore store(store_config(dir.path(), true));

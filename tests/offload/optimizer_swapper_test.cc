@@ -21,7 +21,9 @@
 #include "offload/error.h"
 #include "optimizer_cpu/adam.h"
 #include "optimizer_cpu/half.h"
-#include "test_util.h"
+#include "tests/common/seed.h"
+#include "tests/common/temp_dir.h"
+#include "tests/offload/test_util.h"
 
 namespace zinf::offload {
 namespace {
@@ -30,8 +32,8 @@ using optimizer_cpu::AdamConfig;
 using optimizer_cpu::AdamOptimizer;
 using optimizer_cpu::DType;
 using testing::random_floats;
-using testing::TempDir;
-using testing::test_seed;
+using zinf::testing::TempDir;
+using zinf::testing::test_seed;
 
 constexpr uint64_t kNumel = 10007;  // odd: the last sub-group is short
 constexpr uint64_t kSubGroup = 3000;
@@ -152,7 +154,7 @@ void expect_identical(const Outcome& a, const Outcome& b, const std::string& wha
 }
 
 TEST(OptimizerSwapper, NvmeStepIsBitIdenticalToInMemoryAndPipeliningChangesNothing) {
-  const uint32_t seed = test_seed();
+  const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   const Problem problem(seed);
   const Outcome direct = run_direct(problem);
@@ -182,7 +184,7 @@ TEST(OptimizerSwapper, NvmeStepIsBitIdenticalToInMemoryAndPipeliningChangesNothi
 // The sets' queues have the state buffers registered: on io_uring the step's transfers use
 // fixed buffers, and the results stay bit-identical in every pipelining mode.
 TEST(OptimizerSwapper, StepTransfersUseFixedBuffersOnIoUringWithUnchangedResults) {
-  const uint32_t seed = test_seed();
+  const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   const Problem problem(seed);
   const Outcome direct = run_direct(problem);
@@ -209,7 +211,7 @@ TEST(OptimizerSwapper, TmpfsAndBf16GradsMatchInMemory) {
   if (!testing::have_dev_shm()) {
     GTEST_SKIP() << "no /dev/shm";
   }
-  const uint32_t seed = test_seed();
+  const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
   const std::vector<float> params = random_floats(rng, kNumel);
@@ -310,7 +312,7 @@ class OptimizerSwapperFaults : public ::testing::TestWithParam<int> {};
 
 TEST_P(OptimizerSwapperFaults, ReadFaultMidStepIsReportedNotApplied) {
   const int mode = GetParam();
-  const uint32_t seed = test_seed();
+  const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   const Problem problem(seed);
   TempDir dir;
@@ -387,7 +389,7 @@ TEST_P(OptimizerSwapperFaults, ReadFaultMidStepIsReportedNotApplied) {
 INSTANTIATE_TEST_SUITE_P(Pipelining, OptimizerSwapperFaults, ::testing::Values(0, 1, 2, 3));
 
 TEST(OptimizerSwapper, CorruptedExtentFailsTheStepNamingFileAndOffset) {
-  const uint32_t seed = test_seed();
+  const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   const Problem problem(seed);
   TempDir dir;

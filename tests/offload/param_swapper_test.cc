@@ -16,13 +16,15 @@
 #include "aio/fault_backend.h"
 #include "offload/cpu_accelerator.h"
 #include "offload/error.h"
-#include "test_util.h"
+#include "tests/common/seed.h"
+#include "tests/common/temp_dir.h"
+#include "tests/offload/test_util.h"
 
 namespace zinf::offload {
 namespace {
 
-using testing::TempDir;
-using testing::test_seed;
+using zinf::testing::TempDir;
+using zinf::testing::test_seed;
 
 NvmeStoreConfig store_config(const std::string& dir, bool checksums = true) {
   NvmeStoreConfig config;
@@ -66,7 +68,7 @@ TEST_P(ParamSwapperMedia, RoundTripsAcrossTiersAndBufferSizes) {
   if (on_tmpfs && !testing::have_dev_shm()) {
     GTEST_SKIP() << "no /dev/shm";
   }
-  const uint32_t seed = test_seed();
+  const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
   TempDir dir(on_tmpfs ? "/dev/shm" : "");
@@ -107,7 +109,7 @@ TEST_P(ParamSwapperMedia, RoundTripsAcrossTiersAndBufferSizes) {
 // Every queue the swapper makes has the pool registered: on io_uring swap-ins read into
 // fixed buffers, with the same values.
 TEST(ParamSwapper, SwapInsUseFixedBuffersOnIoUring) {
-  const uint32_t seed = test_seed();
+  const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
   TempDir dir;
@@ -140,7 +142,7 @@ INSTANTIATE_TEST_SUITE_P(Media, ParamSwapperMedia, ::testing::Bool(), [](const a
 });
 
 TEST(ParamSwapper, PrefetchReleaseAndWriteBack) {
-  const uint32_t seed = test_seed();
+  const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
   TempDir dir;
@@ -185,7 +187,7 @@ TEST(ParamSwapper, PrefetchReleaseAndWriteBack) {
 }
 
 TEST(ParamSwapper, RequestsThePoolCanNeverMeetFailAtOnce) {
-  const uint32_t seed = test_seed();
+  const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
   TempDir dir;
@@ -217,7 +219,7 @@ TEST(ParamSwapper, RequestsThePoolCanNeverMeetFailAtOnce) {
 }
 
 TEST(ParamSwapper, ReadFaultIsReportedAndTheNextSwapInRetries) {
-  const uint32_t seed = test_seed();
+  const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
   TempDir dir;
@@ -255,7 +257,7 @@ TEST(ParamSwapper, ReadFaultIsReportedAndTheNextSwapInRetries) {
 }
 
 TEST(ParamSwapper, FailedWriteBackLeavesTheStoredPartitionUnreadableNotStale) {
-  const uint32_t seed = test_seed();
+  const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
   TempDir dir;
@@ -305,7 +307,7 @@ TEST(ParamSwapper, FailedAddLeavesNoExtentBehind) {
 // for longer than the whole check takes when nothing waits for it: had swap_in waited for
 // it, it could not have returned before that delay was over.
 TEST(ParamSwapper, SwapInWaitsOnlyForItsOwnPartition) {
-  const uint32_t seed = test_seed();
+  const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
   TempDir dir;

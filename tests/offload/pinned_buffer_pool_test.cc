@@ -18,6 +18,7 @@
 #include "aio/pinned_buffer.h"
 #include "offload/cpu_accelerator.h"
 #include "offload/error.h"
+#include "tests/common/seed.h"
 
 namespace zinf::offload {
 namespace {
@@ -125,8 +126,8 @@ TEST(PinnedBufferPool, LeaseReleasedOnAnotherThreadCountsForItsAcquirer) {
 }
 
 TEST(PinnedBufferPool, ManyThreadsNeverShareABufferOrExceedTheCount) {
-  const uint32_t seed = std::random_device{}();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  const auto seed = static_cast<uint32_t>(zinf::testing::test_seed());
+  ZINF_TRACE_SEED(seed);
   constexpr size_t kBuffers = 5;
   PinnedBufferPool pool(kBuffers, 4096, nullptr, "stress pool");
   std::atomic<int> concurrent{0};

@@ -1,13 +1,14 @@
 #include "tools/aio_config_json.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+
+#include "tests/common/temp_dir.h"
 
 namespace zinf::tools {
 namespace {
@@ -91,21 +92,14 @@ TEST(AioConfigJson, RoundTripsThroughTheEmittedBlock) {
   EXPECT_EQ(back.backend, c.backend);
 }
 
-class TempDir : public ::testing::Test {
+class WriteAioBlock : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char name[] = "/tmp/zinf-tools-test.XXXXXX";
-    ASSERT_NE(::mkdtemp(name), nullptr);
-    dir_ = name;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string dir_;
+  void SetUp() override { ASSERT_TRUE(dir_.ok()); }
+  zinf::testing::TempDir dir_;
 };
 
-using WriteAioBlock = TempDir;
-
 TEST_F(WriteAioBlock, ReplacesOnlyTheAioBlockAndKeepsKeyOrder) {
-  std::string path = dir_ + "/ds_config.json";
+  std::string path = dir_.file("ds_config.json");
   {
     std::ofstream out(path);
     out << R"({"train_batch_size": 8, "aio": {"block_size": 4096}, "zero_optimization": {"stage": 3}})";
@@ -126,7 +120,7 @@ TEST_F(WriteAioBlock, ReplacesOnlyTheAioBlockAndKeepsKeyOrder) {
 }
 
 TEST_F(WriteAioBlock, LeavesABrokenFileUntouched) {
-  std::string path = dir_ + "/broken.json";
+  std::string path = dir_.file("broken.json");
   {
     std::ofstream out(path);
     out << "{ not json";
@@ -139,7 +133,7 @@ TEST_F(WriteAioBlock, LeavesABrokenFileUntouched) {
 }
 
 TEST_F(WriteAioBlock, CreatesAMissingFile) {
-  std::string path = dir_ + "/new.json";
+  std::string path = dir_.file("new.json");
   write_aio_block(path, aio::AioConfig{});
   std::ifstream in(path);
   EXPECT_EQ(aio_config_from_json(Json::parse(in)).block_size, 1u << 20);

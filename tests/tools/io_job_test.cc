@@ -11,21 +11,17 @@
 #include <string_view>
 
 #include "aio/file_cache.h"
+#include "tests/common/temp_dir.h"
 
 namespace zinf::tools {
 namespace {
 
 class IoJobTest : public ::testing::TestWithParam<aio::BackendKind> {
  protected:
-  void SetUp() override {
-    char name[] = "/tmp/zinf-io-job-test.XXXXXX";
-    ASSERT_NE(::mkdtemp(name), nullptr);
-    dir_ = name;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void SetUp() override { ASSERT_TRUE(dir_.ok()); }
   IoJob job(uint64_t bytes, bool write) {
     IoJob j;
-    j.path = dir_;
+    j.path = dir_.path();
     j.size_bytes = bytes;
     j.write = write;
     j.loops = 2;
@@ -34,7 +30,7 @@ class IoJobTest : public ::testing::TestWithParam<aio::BackendKind> {
     j.aio.intra_op_parallelism = 3;
     return j;
   }
-  std::string dir_;
+  zinf::testing::TempDir dir_;
 };
 
 TEST_P(IoJobTest, WriteAndReadValidateOddSizes) {
@@ -47,7 +43,7 @@ TEST_P(IoJobTest, WriteAndReadValidateOddSizes) {
     IoJobResult r = run_io_job(job(bytes, false));
     EXPECT_TRUE(r.validated);
     EXPECT_TRUE(r.prepared_file);
-    EXPECT_TRUE(std::filesystem::is_empty(dir_)) << "zinf-io.dat left behind";
+    EXPECT_TRUE(std::filesystem::is_empty(dir_.path())) << "zinf-io.dat left behind";
   }
 }
 
@@ -71,7 +67,7 @@ TEST_P(IoJobTest, RegistersItsBufferOnIoUringOnly) {
 
 TEST_P(IoJobTest, ExplicitFileIsKept) {
   IoJob j = job(1 << 20, true);
-  j.path = dir_ + "/mine.dat";
+  j.path = dir_.file("mine.dat");
   IoJobResult r = run_io_job(j);
   EXPECT_EQ(r.file, j.path);
   struct stat st {};
@@ -93,22 +89,22 @@ TEST_P(IoJobTest, RefusedODirectFallsBackToBufferedAndSaysSo) {
     ~Restore() { aio::set_open_function_for_testing(nullptr); }
   } restore;
   IoJob j = job(1 << 20, true);
-  j.path = dir_ + "/nodirect.dat";
+  j.path = dir_.file("nodirect.dat");
   IoJobResult r = run_io_job(j);
   EXPECT_FALSE(r.direct_io);
   EXPECT_TRUE(r.validated);
-  j.path = dir_ + "/direct.dat";
+  j.path = dir_.file("direct.dat");
   EXPECT_TRUE(run_io_job(j).direct_io);
 }
 
 TEST_P(IoJobTest, MissingFolderIsNamed) {
   IoJob j = job(4096, true);
-  j.path = dir_ + "/no/such/dir/file.dat";
+  j.path = dir_.file("no/such/dir/file.dat");
   try {
     run_io_job(j);
     FAIL() << "no error";
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find(dir_ + "/no/such/dir"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(dir_.file("no/such/dir")), std::string::npos) << e.what();
   }
 }
 

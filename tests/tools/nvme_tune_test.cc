@@ -1,13 +1,13 @@
 #include "tools/nvme_tune.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <set>
 #include <tuple>
 
+#include "tests/common/temp_dir.h"
 #include "tools/aio_config_json.h"
 
 namespace zinf::tools {
@@ -85,10 +85,10 @@ TEST(NvmeTune, BestBlockParsesAsConfig) {
 }
 
 TEST(NvmeTune, RealDiskSmokeRun) {
-  char name[] = "/tmp/zinf-tune-test.XXXXXX";
-  ASSERT_NE(::mkdtemp(name), nullptr);
+  zinf::testing::TempDir dir;
+  ASSERT_TRUE(dir.ok());
   TuneOptions options;
-  options.folder = name;
+  options.folder = dir.path();
   options.size_bytes = 2u << 20;
   TuneResult r = run_nvme_tune(options);
   EXPECT_GE(r.runs.size(), 15u);
@@ -96,8 +96,7 @@ TEST(NvmeTune, RealDiskSmokeRun) {
     EXPECT_GT(run.read_gb_per_s, 0);
     EXPECT_GT(run.write_gb_per_s, 0);
   }
-  EXPECT_TRUE(std::filesystem::is_empty(name)) << "the tuner left files behind";
-  std::filesystem::remove_all(name);
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "the tuner left files behind";
 }
 
 }  // namespace
