@@ -12,9 +12,10 @@
 // those of a write are written as exactly those bytes through a second, buffered descriptor
 // of the file, so the kernel's page cache does the read-modify-write: the file never grows
 // past the last byte written and neighbouring unaligned writes in flight at once cannot undo
-// each other (a user-space read-modify-write of a shared block could). Offsets are 64-bit: files
-// beyond 4 GiB work. When the filesystem refuses O_DIRECT (tmpfs answers EINVAL) the file is opened
-// buffered instead, one warning line is logged, and the path is listed by buffered_paths().
+// each other (a user-space read-modify-write of a shared block could). Offsets are 64-bit:
+// files beyond 4 GiB work. When the filesystem refuses O_DIRECT (tmpfs answered EINVAL
+// before Linux 6.6) the file is opened buffered instead, one warning line is logged, and
+// the path is listed by buffered_paths().
 //
 // Writes create missing files (mode 0644) and never truncate. Short transfers continue
 // with the remainder, EINTR/EAGAIN are retried, and every other failure surfaces as an
@@ -33,8 +34,8 @@
 // several threads share the handle's workers, and wait() waits for all of them, while
 // wait_for() waits only for the transfers whose tickets it is given. Buffers passed to
 // async_* must stay valid and untouched until the wait() or wait_for() collecting that
-// transfer returns. The destructor
-// waits for in-flight requests (it never abandons memory the kernel is still writing).
+// transfer returns. The destructor waits for in-flight requests (it never abandons memory
+// the kernel is still writing).
 #pragma once
 
 #include <cstdint>
