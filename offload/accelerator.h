@@ -24,9 +24,11 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <string_view>
 
 #include "aio/pinned_buffer.h"
+#include "offload/error.h"
 
 namespace zinf::offload {
 
@@ -158,5 +160,17 @@ class Accelerator {
   uint64_t peak_bytes_ = 0;    // guarded by mutex_
   uint64_t allocations_ = 0;   // guarded by mutex_
 };
+
+// For implementations: `object` (a Stream or Event) as the concrete type `Concrete` that
+// accelerator `accelerator` creates; OffloadError(kUsage) when another accelerator made it.
+template <typename Concrete, typename Base>
+Concrete& downcast_or_throw(Base& object, std::string_view accelerator, std::string_view what) {
+  auto* concrete = dynamic_cast<Concrete*>(&object);
+  if (concrete == nullptr) {
+    throw OffloadError(ErrorKind::kUsage, std::string(accelerator) + " accelerator: " +
+                                              std::string(what) + " was not created by it");
+  }
+  return *concrete;
+}
 
 }  // namespace zinf::offload

@@ -153,21 +153,9 @@ class CpuStream final : public Stream {
   std::thread worker_;                       // last: starts after the state above exists
 };
 
-CpuStream& as_cpu(Stream& stream) {
-  auto* cpu = dynamic_cast<CpuStream*>(&stream);
-  if (cpu == nullptr) {
-    throw OffloadError(ErrorKind::kUsage, "cpu accelerator: stream was not created by it");
-  }
-  return *cpu;
-}
+CpuStream& as_cpu(Stream& stream) { return downcast_or_throw<CpuStream>(stream, "cpu", "stream"); }
 
-CpuEvent& as_cpu(Event& event) {
-  auto* cpu = dynamic_cast<CpuEvent*>(&event);
-  if (cpu == nullptr) {
-    throw OffloadError(ErrorKind::kUsage, "cpu accelerator: event was not created by it");
-  }
-  return *cpu;
-}
+CpuEvent& as_cpu(Event& event) { return downcast_or_throw<CpuEvent>(event, "cpu", "event"); }
 
 }  // namespace
 

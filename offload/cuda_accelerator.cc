@@ -106,20 +106,10 @@ class CudaEvent final : public Event {
 };
 
 CudaStream& as_cuda(Stream& stream) {
-  auto* cuda = dynamic_cast<CudaStream*>(&stream);
-  if (cuda == nullptr) {
-    throw OffloadError(ErrorKind::kUsage, "cuda accelerator: stream was not created by it");
-  }
-  return *cuda;
+  return downcast_or_throw<CudaStream>(stream, "cuda", "stream");
 }
 
-CudaEvent& as_cuda(Event& event) {
-  auto* cuda = dynamic_cast<CudaEvent*>(&event);
-  if (cuda == nullptr) {
-    throw OffloadError(ErrorKind::kUsage, "cuda accelerator: event was not created by it");
-  }
-  return *cuda;
-}
+CudaEvent& as_cuda(Event& event) { return downcast_or_throw<CudaEvent>(event, "cuda", "event"); }
 
 // What a host function needs once it runs on the CUDA runtime's thread.
 struct HostCall {
