@@ -64,10 +64,6 @@ OptimizerSwapper::OptimizerSwapper(const OptimizerSwapperConfig& config,
   if (config_.sub_group_size == 0) {
     throw OffloadError(ErrorKind::kConfig, "zero_optimization.sub_group_size must be > 0");
   }
-  if (config_.param_copy_dtype == DType::kFloat32) {
-    throw OffloadError(ErrorKind::kConfig,
-                       "optimizer swapper: the param copy must be 16-bit (bf16 or fp16)");
-  }
   if (config_.device == OffloadDevice::kNvme && store == nullptr) {
     throw OffloadError(ErrorKind::kConfig,
                        "offload_optimizer.device is nvme but no swap store was given "
@@ -202,6 +198,49 @@ void OptimizerSwapper::read_state(OptimizerState state, void* data) {
   }
 }
 
+std::pair<uint64_t, uint64_t> OptimizerSwapper::sub_group_range(size_t sub_group) const {
+  if (sub_group >= sub_groups_.size()) {
+    throw OffloadError(ErrorKind::kUsage, "sub-group " + std::to_string(sub_group) + " of " +
+                                              std::to_string(sub_groups_.size()));
+  }
+  return {sub_groups_[sub_group].offset, sub_groups_[sub_group].numel};
+}
+
+bool OptimizerSwapper::has_state(OptimizerState state) const noexcept {
+  return std::find(kinds_.begin(), kinds_.end(), state) != kinds_.end();
+}
+
+void* OptimizerSwapper::memory(OptimizerState state) {
+  return store_ == nullptr ? memory_[kind_index(state)].data() : nullptr;
+}
+
+void OptimizerSwapper::write_sub_group(OptimizerState state, size_t sub_group,
+                                       const void* data) {
+  const auto [offset, numel] = sub_group_range(sub_group);
+  const size_t k = kind_index(state);
+  const size_t bytes = element_bytes(state);
+  if (store_ == nullptr) {
+    std::memcpy(memory_[k].data() + offset * bytes, data, numel * bytes);
+    counters_.add_cpu_written(numel * bytes);
+    return;
+  }
+  store_->write(sub_groups_[sub_group].extents[k], data);
+  counters_.add_nvme_written(numel * bytes);
+}
+
+void OptimizerSwapper::read_sub_group(OptimizerState state, size_t sub_group, void* data) {
+  const auto [offset, numel] = sub_group_range(sub_group);
+  const size_t k = kind_index(state);
+  const size_t bytes = element_bytes(state);
+  if (store_ == nullptr) {
+    std::memcpy(data, memory_[k].data() + offset * bytes, numel * bytes);
+    counters_.add_cpu_read(numel * bytes);
+    return;
+  }
+  store_->read(sub_groups_[sub_group].extents[k], data);
+  counters_.add_nvme_read(numel * bytes);
+}
+
 void OptimizerSwapper::write_grads(uint64_t offset, const void* grads, uint64_t numel) {
   if (offset > config_.numel || numel > config_.numel - offset) {
     throw OffloadError(ErrorKind::kUsage, "write_grads of " + std::to_string(numel) +
@@ -253,8 +292,10 @@ uint64_t OptimizerSwapper::run_optimizer(const SubGroup& group, void* const* arr
   args.state_dtype = DType::kFloat32;
   args.numel = group.numel;
   args.grad_scale = options.clip_coefficient / options.loss_scale;
-  args.param_copy = param_copy;
-  args.param_copy_dtype = config_.param_copy_dtype;
+  // fp32: the sink reads the updated master params; no copy in the pass.
+  const bool fp32_copy = config_.param_copy_dtype == DType::kFloat32;
+  args.param_copy = fp32_copy ? nullptr : param_copy;
+  args.param_copy_dtype = fp32_copy ? DType::kBFloat16 : config_.param_copy_dtype;
   args.step = options.step;
   ScopedTime time(counters_, Counters::Clock::kCompute);
   try {
@@ -288,7 +329,9 @@ void OptimizerSwapper::step_in_memory(const OptimizerStepOptions& options,
       arrays[k] = memory_[k].data() + sg.offset * element_bytes(kinds_[k]);
       touched += sg.numel * element_bytes(kinds_[k]);
     }
-    void* copy_ptr = options.copy_params ? copy.data() : nullptr;
+    void* copy_ptr = !options.copy_params                       ? nullptr
+                     : config_.param_copy_dtype == DType::kFloat32 ? arrays[0]
+                                                                   : copy.data();
     report.nonfinite_grads += run_optimizer(sg, arrays.data(), copy_ptr, options);
     counters_.add_cpu_read(touched);
     counters_.add_cpu_written(touched - sg.numel * element_bytes(OptimizerState::kGrads));
@@ -339,7 +382,9 @@ void OptimizerSwapper::step_nvme(const OptimizerStepOptions& options, const Para
       for (size_t k = 0; k < kinds_.size(); ++k) {
         arrays[k] = set.states[k].data();
       }
-      void* copy_ptr = options.copy_params ? set.copy.data() : nullptr;
+      void* copy_ptr = !options.copy_params                       ? nullptr
+                       : config_.param_copy_dtype == DType::kFloat32 ? arrays[0]
+                                                                     : set.copy.data();
       report.nonfinite_grads += run_optimizer(sg, arrays.data(), copy_ptr, options);
       if (copy_ptr != nullptr && sink) {
         ScopedTime time(counters_, Counters::Clock::kCompute);

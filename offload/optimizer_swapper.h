@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "offload/counters.h"
@@ -53,7 +54,8 @@ struct OptimizerSwapperConfig {
   bool pipeline_read = false;                   // offload_optimizer.pipeline_read
   bool pipeline_write = false;                  // offload_optimizer.pipeline_write
   optimizer_cpu::DType grad_dtype = optimizer_cpu::DType::kFloat32;
-  // The 16-bit copy of the updated params handed to the sink (bf16 or fp16).
+  // The copy of the updated params handed to the sink: bf16 or fp16 (converted in the
+  // optimizer's pass), or fp32 (the sink then reads the updated master params themselves).
   optimizer_cpu::DType param_copy_dtype = optimizer_cpu::DType::kBFloat16;
 };
 
@@ -101,6 +103,18 @@ class OptimizerSwapper {
   // Loads / reads one whole array of the partition [numel] (fp32, or grad_dtype for grads).
   void load_state(OptimizerState state, const void* data);
   void read_state(OptimizerState state, void* data);
+
+  // The same for one sub-group [sub_group_range(i).numel elements], so a partition larger
+  // than memory can be filled, accumulated into and saved piece by piece.
+  void write_sub_group(OptimizerState state, size_t sub_group, const void* data);
+  void read_sub_group(OptimizerState state, size_t sub_group, void* data);
+  // Whether the optimizer keeps this array (Adagrad has no exp_avg, Lion no exp_avg_sq).
+  [[nodiscard]] bool has_state(OptimizerState state) const noexcept;
+  // First element and element count of sub-group i.
+  [[nodiscard]] std::pair<uint64_t, uint64_t> sub_group_range(size_t sub_group) const;
+  // Device kCpu: the array itself [numel], for callers that accumulate into it in place
+  // (no step may run meanwhile). Device kNvme: nullptr.
+  [[nodiscard]] void* memory(OptimizerState state);
 
   // One optimizer step over every sub-group (see the header comment).
   [[nodiscard]] OptimizerStepReport step(const OptimizerStepOptions& options,

@@ -1,0 +1,247 @@
+#include "zero/grad_reducer.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "zero/dtype_convert.h"
+#include "zero/error.h"
+
+namespace zinf::zero {
+namespace {
+
+DType parse_comm_dtype(const std::string& name, DType grad_dtype) {
+  if (name.empty()) return grad_dtype;
+  if (name == "fp32" || name == "float32" || name == "float") return DType::kFloat32;
+  if (name == "bf16" || name == "bfloat16") return DType::kBFloat16;
+  if (name == "fp16" || name == "float16" || name == "half") return DType::kFloat16;
+  throw ZeroError(fmt::format(
+      "communication_data_type \"{}\" is not one of \"fp32\", \"fp16\", \"bf16\"", name));
+}
+
+}  // namespace
+
+GradReducer::GradReducer(const PartitionLayout& layout, const ZeroConfig& config,
+                         Communicator& comm, DType grad_dtype, PartitionedOptimizer& optimizer,
+                         offload::Accelerator& accelerator)
+    : layout_(layout),
+      config_(config),
+      comm_(comm),
+      grad_dtype_(grad_dtype),
+      comm_dtype_(parse_comm_dtype(config.communication_data_type, grad_dtype)),
+      optimizer_(optimizer),
+      accelerator_(accelerator),
+      world_(comm.world_size()),
+      stage0_(layout.world_size() == 1 && comm.world_size() > 1) {
+  if (!stage0_ && layout.world_size() != comm.world_size()) {
+    throw ZeroError(fmt::format("gradient reducer: a layout for {} ranks with {} ranks running",
+                                layout.world_size(), comm.world_size()));
+  }
+  contributions_.assign(layout_.param_count(), 1);
+  received_.assign(layout_.param_count(), 0);
+  pending_.resize(layout_.param_count());
+  if (world_ == 1) {
+    return;  // no buckets
+  }
+  uint64_t largest = 0;
+  uint64_t total = 0;
+  for (size_t p = 0; p < layout_.param_count(); ++p) {
+    const uint64_t padded = layout_.slice(p).slice_numel * static_cast<uint64_t>(world_);
+    largest = std::max(largest, padded);
+    total += padded;
+  }
+  const uint64_t bucket = std::max<uint64_t>(config_.reduce_bucket_size, 1);
+  capacity_ = std::max(largest, std::min(bucket, total));
+  const size_t element = dtype_size(comm_dtype_);
+  fill_ = accelerator_.allocate(capacity_ * element);
+  const size_t slots = config_.overlap_comm ? 2 : 1;
+  for (size_t s = 0; s < slots; ++s) {
+    if (!stage0_) {
+      send_[s] = accelerator_.allocate(capacity_ * element);
+      if (config_.reduce_scatter) {
+        recv_[s] = accelerator_.allocate(capacity_ / static_cast<uint64_t>(world_) * element +
+                                         largest / static_cast<uint64_t>(world_) * element);
+      }
+    } else {
+      send_[s] = accelerator_.allocate(capacity_ * element);
+    }
+  }
+}
+
+GradReducer::~GradReducer() {
+  for (InFlight& bucket : in_flight_) {
+    try {
+      bucket.work->wait();
+    } catch (...) {
+    }
+  }
+}
+
+uint64_t GradReducer::bucket_bytes() const noexcept {
+  return fill_.size() + send_[0].size() + send_[1].size() + recv_[0].size() + recv_[1].size();
+}
+
+void GradReducer::set_contributions(size_t param, int count) {
+  if (param >= contributions_.size() || count < 1) {
+    throw ZeroError(fmt::format("gradient reducer: {} contributions for parameter {} of {}",
+                                count, param, contributions_.size()));
+  }
+  contributions_[param] = count;
+}
+
+void GradReducer::begin_micro_batch(int micro_batch) {
+  std::fill(received_.begin(), received_.end(), 0);
+  optimizer_.begin_micro_batch(micro_batch);
+}
+
+void GradReducer::add(size_t param, const void* grad) {
+  if (param >= contributions_.size()) {
+    throw ZeroError(fmt::format("gradient reducer: parameter {} of {}", param,
+                                contributions_.size()));
+  }
+  const ParamSlice& s = layout_.slice(param);
+  if (contributions_[param] > 1) {
+    std::vector<float>& sum = pending_[param];
+    if (received_[param] == 0) {
+      sum.assign(s.numel, 0.0f);
+    }
+    accumulate_scaled(sum.data(), grad, grad_dtype_, s.numel, 1.0f);
+    if (++received_[param] < contributions_[param]) {
+      return;
+    }
+    add_to_bucket(param, sum.data(), DType::kFloat32);
+    sum.clear();
+    sum.shrink_to_fit();
+    return;
+  }
+  ++received_[param];
+  add_to_bucket(param, grad, grad_dtype_);
+}
+
+void GradReducer::add_to_bucket(size_t param, const void* grad, DType dtype) {
+  const ParamSlice& s = layout_.slice(param);
+  if (world_ == 1) {
+    // One rank: the whole gradient is this rank's slice (no padding).
+    optimizer_.accumulate(s.partition_offset, grad, dtype, s.numel, 1.0f);
+    return;
+  }
+  const uint64_t padded = s.slice_numel * static_cast<uint64_t>(world_);
+  const uint64_t need = stage0_ ? s.numel : padded;
+  if (fill_used_ + need > capacity_) {
+    issue_bucket();
+  }
+  const size_t element = dtype_size(comm_dtype_);
+  auto* dst = static_cast<std::byte*>(fill_.data()) + fill_used_ * element;
+  convert(grad, dtype, dst, comm_dtype_, s.numel);
+  if (need > s.numel) {
+    std::memset(dst + s.numel * element, 0, (need - s.numel) * element);
+  }
+  fill_params_.push_back({param, fill_used_});
+  fill_used_ += need;
+  stats_.peak_bucket_elements = std::max(stats_.peak_bucket_elements, fill_used_);
+}
+
+void GradReducer::issue_bucket() {
+  if (fill_params_.empty()) {
+    return;
+  }
+  const size_t slots = config_.overlap_comm ? 2 : 1;
+  if (in_flight_.size() >= slots) {
+    finish_oldest();
+  }
+  InFlight bucket;
+  bucket.slot = next_slot_;
+  next_slot_ = (next_slot_ + 1) % slots;
+  const size_t element = dtype_size(comm_dtype_);
+  auto* send = static_cast<std::byte*>(send_[bucket.slot].data());
+  const auto* fill = static_cast<const std::byte*>(fill_.data());
+  if (stage0_) {
+    std::memcpy(send, fill, fill_used_ * element);
+    bucket.count = fill_used_;
+    bucket.params = std::move(fill_params_);
+    bucket.work = comm_.all_reduce(send, fill_used_, comm_dtype_, ReduceOp::kSum);
+  } else {
+    // Rank-major: region r holds slice r of every parameter, in bucket order.
+    const uint64_t count = fill_used_ / static_cast<uint64_t>(world_);
+    uint64_t region_offset = 0;
+    for (const auto& [param, fill_offset] : fill_params_) {
+      const uint64_t slice = layout_.slice(param).slice_numel;
+      for (int r = 0; r < world_; ++r) {
+        std::memcpy(send + (static_cast<uint64_t>(r) * count + region_offset) * element,
+                    fill + (fill_offset + static_cast<uint64_t>(r) * slice) * element,
+                    slice * element);
+      }
+      bucket.params.push_back({param, region_offset});
+      region_offset += slice;
+    }
+    bucket.count = count;
+    if (config_.reduce_scatter) {
+      bucket.work = comm_.reduce_scatter(send, recv_[bucket.slot].data(), count, comm_dtype_,
+                                         ReduceOp::kSum);
+    } else {
+      bucket.work = comm_.all_reduce(send, count * static_cast<uint64_t>(world_), comm_dtype_,
+                                     ReduceOp::kSum);
+    }
+  }
+  ++stats_.buckets;
+  stats_.bytes_sent += fill_used_ * element;
+  fill_params_.clear();
+  fill_used_ = 0;
+  in_flight_.push_back(std::move(bucket));
+  if (!config_.overlap_comm) {
+    finish_oldest();
+  }
+}
+
+void GradReducer::finish_oldest() {
+  InFlight bucket = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  const auto start = std::chrono::steady_clock::now();
+  bucket.work->wait();
+  stats_.wait_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  process(bucket);
+}
+
+void GradReducer::process(InFlight& bucket) {
+  const size_t element = dtype_size(comm_dtype_);
+  const float scale = 1.0f / static_cast<float>(world_);
+  if (stage0_) {
+    const auto* data = static_cast<const std::byte*>(send_[bucket.slot].data());
+    for (const auto& [param, offset] : bucket.params) {
+      const ParamSlice& s = layout_.slice(param);
+      optimizer_.accumulate(s.partition_offset, data + offset * element, comm_dtype_, s.numel,
+                            scale);
+    }
+    return;
+  }
+  const std::byte* mine =
+      config_.reduce_scatter
+          ? static_cast<const std::byte*>(recv_[bucket.slot].data())
+          : static_cast<const std::byte*>(send_[bucket.slot].data()) +
+                static_cast<uint64_t>(comm_.rank()) * bucket.count * element;
+  for (const auto& [param, offset] : bucket.params) {
+    const ParamSlice& s = layout_.slice(param);
+    optimizer_.accumulate(s.partition_offset, mine + offset * element, comm_dtype_,
+                          s.slice_numel, scale);
+  }
+}
+
+void GradReducer::end_micro_batch() {
+  for (size_t p = 0; p < pending_.size(); ++p) {
+    if (contributions_[p] > 1 && received_[p] > 0 && received_[p] < contributions_[p]) {
+      add_to_bucket(p, pending_[p].data(), DType::kFloat32);
+      pending_[p].clear();
+      pending_[p].shrink_to_fit();
+    }
+  }
+  issue_bucket();
+  while (!in_flight_.empty()) {
+    finish_oldest();
+  }
+  optimizer_.end_micro_batch();
+}
+
+}  // namespace zinf::zero

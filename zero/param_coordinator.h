@@ -1,0 +1,165 @@
+// ParamCoordinator: decides, at stage 3, when each parameter is gathered and released, so the
+// full parameters a block needs are present when it runs and as few others as possible are.
+//
+// The model's heavy modules are blocks (zero/zero_block.h); every block lists the parameters
+// it uses (a tied parameter may be listed by several). A pass is one micro-batch: forward
+// enters the blocks in order, backward enters them again in reverse; each entry is a trace
+// event. The first pass is recorded and runs on demand: entering a block gathers its
+// parameters and waits for them, leaving it releases them. Later passes replay the recorded
+// trace:
+//   - Prefetch. After a block is entered, the parameters of the blocks that follow in the
+//     trace are brought closer in three levels, issued in order of their latency: NVMe
+//     reads for the next 4 x stage3_prefetch_bucket_size elements, host->device copies for
+//     the next 2 x, all-gathers for the next 1 x — each level issued for its whole window
+//     before the next level starts, so every level has the most time to finish before it is
+//     needed. All-gathers are issued in trace order and never beyond
+//     stage3_max_live_parameters gathered elements; they depend only on the trace and the
+//     config, never on timing, so every rank issues the same collectives in the same order.
+//   - Reuse. Leaving a block keeps a parameter gathered when its next use in the trace comes
+//     within stage3_max_reuse_distance elements (the elements of the parameters used in
+//     between) — e.g. the last block's parameters between its forward and its backward.
+//   - Persistence. Parameters marked persistent (at most
+//     stage3_param_persistence_threshold elements, or outside every block) are gathered at
+//     their first use and stay gathered; they are not counted in the live elements.
+//   - Limit. The non-persistent gathered elements never exceed stage3_max_live_parameters:
+//     when a block needs room, retained parameters are released first (farthest next use
+//     first), then prefetched ones (farthest first). A block that alone needs more than the
+//     limit is refused at construction (ZeroError with the numbers).
+//   - Trace change. A pass whose blocks differ from the recording logs one warning naming
+//     the position and the first differing block, falls back to on demand for the rest of
+//     the pass (releasing what it prefetched for the old order), and the new order is
+//     recorded for the next pass.
+//
+// The data movement is the ParamFetcher's (declared below; zero/param_store.h implements it
+// over the tiers); tests drive the coordinator with a fake one that checks the limits at
+// every event.
+//
+// Thread safety: none; one driving thread (the one running forward and backward) calls
+// everything. After an exception from the fetcher, call reset() before the next pass.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zinf::zero {
+
+// The three levels of bringing one parameter's full tensor to the device. Calls for one
+// parameter come in order (read, copy, gather; each at most once until release), and the
+// coordinator's calls come from its driving thread.
+class ParamFetcher {
+ public:
+  virtual ~ParamFetcher() = default;
+  // Level 1: start reading the parameter's partition from NVMe into pinned memory. Returns
+  // false when it cannot be started now (no free pinned buffer); the coordinator tries
+  // again at a later event. Tiers without NVMe return true at once.
+  virtual bool start_read(size_t param) = 0;
+  // Level 2: start copying the partition to device memory (after its read, which this may
+  // wait for, or queue behind).
+  virtual void start_copy(size_t param) = 0;
+  // Level 3: start the all-gather of the full parameter (after its copy). Allocates
+  // numel elements of device memory.
+  virtual void start_gather(size_t param) = 0;
+  // Blocks until the gathered parameter is usable by the block's computation.
+  virtual void wait_gathered(size_t param) = 0;
+  // Frees the full parameter and whatever earlier level holds (waiting for work in flight).
+  virtual void release(size_t param) = 0;
+};
+
+struct CoordinatorConfig {
+  uint64_t prefetch_bucket_size = 50'000'000;   // stage3_prefetch_bucket_size (elements)
+  uint64_t max_live_parameters = 1'000'000'000;  // stage3_max_live_parameters
+  uint64_t max_reuse_distance = 1'000'000'000;   // stage3_max_reuse_distance
+};
+
+struct CoordinatorStats {
+  uint64_t live_elements = 0;        // non-persistent elements gathered now
+  uint64_t live_high_water = 0;      // most non-persistent elements gathered at once
+  uint64_t persistent_elements = 0;  // gathered persistent elements
+  uint64_t prefetched = 0;           // gathers issued ahead of their block
+  uint64_t on_demand = 0;            // gathers issued when their block was entered
+  uint64_t retained = 0;             // releases skipped for reuse
+  uint64_t trace_changes = 0;        // passes that diverged from the recording
+  uint64_t passes = 0;
+};
+
+class ParamCoordinator {
+ public:
+  // `param_numels[p]`: elements of parameter p's full tensor. `block_params[b]`: the
+  // parameters block b uses. `persistent[p]`: keep p gathered once fetched. Throws ZeroError
+  // when a block's non-persistent parameters alone exceed max_live_parameters, or for an
+  // index out of range. `fetcher` must outlive the coordinator.
+  ParamCoordinator(const CoordinatorConfig& config, std::vector<uint64_t> param_numels,
+                   std::vector<std::vector<size_t>> block_params, std::vector<bool> persistent,
+                   ParamFetcher& fetcher);
+
+  ParamCoordinator(const ParamCoordinator&) = delete;
+  ParamCoordinator& operator=(const ParamCoordinator&) = delete;
+
+  // Starts a pass (a micro-batch's forward and backward). With `record` false (e.g. an
+  // evaluation forward) the pass is fetched on demand and neither replays nor changes the
+  // recorded trace.
+  void begin_pass(bool record = true);
+  // The block's parameters are gathered and usable when this returns.
+  void enter(size_t block);
+  // The block is done with its parameters for now.
+  void leave(size_t block);
+  // Ends the pass: non-persistent parameters are released; the trace is recorded when it
+  // was the first pass or differed from the recording.
+  void end_pass();
+
+  // Releases every gathered parameter, persistent ones included (e.g. after the optimizer
+  // step changed the partitions; persistent ones are gathered again at their next use).
+  void release_all();
+  // Releases everything and forgets in-flight state after a failure (best effort).
+  void reset() noexcept;
+
+  [[nodiscard]] const CoordinatorStats& stats() const noexcept { return stats_; }
+  [[nodiscard]] const std::vector<size_t>& recorded_trace() const noexcept { return trace_; }
+  // The last trace-change warning (empty when none), for tests and logs.
+  [[nodiscard]] const std::string& last_warning() const noexcept { return last_warning_; }
+
+ private:
+  enum Level : uint8_t { kNone = 0, kRead = 1, kCopied = 2, kGathered = 3 };
+  struct Param {
+    uint64_t numel = 0;
+    bool persistent = false;
+    Level level = kNone;
+    bool available = false;    // wait_gathered() done since the gather
+    bool used = false;         // entered by a block since the gather (not just prefetched)
+    int active = 0;            // blocks entered and not left that use it
+    std::vector<size_t> uses;  // trace positions that use it (recorded trace)
+  };
+
+  void raise_level(size_t p, Level level);
+  void gather_now(size_t p, bool prefetch);
+  void release_param(size_t p);
+  // Distinct parameters of a block, in block order.
+  const std::vector<size_t>& params_of(size_t block) const;
+  void prefetch_from(size_t position);
+  // Makes room for `needed` live elements, never releasing the params of `block`.
+  void make_room(uint64_t needed, size_t block);
+  // Trace position of p's next use after `position`, or SIZE_MAX.
+  size_t next_use(size_t p, size_t position) const;
+  void index_trace();
+  bool replaying() const noexcept { return replay_ && !diverged_ && record_; }
+
+  const CoordinatorConfig config_;
+  std::vector<Param> params_;
+  std::vector<std::vector<size_t>> blocks_;  // distinct params per block
+  ParamFetcher& fetcher_;
+
+  std::vector<size_t> trace_;      // recorded block order of a pass
+  std::vector<uint64_t> elements_before_;  // per trace position: non-persistent elements used before it
+  std::vector<size_t> current_;    // this pass's block order so far
+  bool in_pass_ = false;
+  bool record_ = true;             // this pass follows and updates the recording
+  bool replay_ = false;            // a recording exists
+  bool diverged_ = false;          // this pass left the recording
+  size_t position_ = 0;            // trace position of the block entered last
+  std::string last_warning_;
+  CoordinatorStats stats_;
+};
+
+}  // namespace zinf::zero

@@ -1,0 +1,141 @@
+// ParamStore: where stage 3 keeps the 16-bit (or fp32) slices of the parameters it manages,
+// and how a full parameter is brought to the device — the ParamFetcher the
+// ParamCoordinator drives.
+//
+// Tiers (offload_param.device):
+//   none  the slice lives in device memory for the whole run;
+//   cpu   in host memory (locked when offload_param.pin_memory);
+//   nvme  in the ParamSwapper (swap files; the first max_in_cpu elements in CPU memory).
+// Levels of a fetch, as the coordinator issues them:
+//   read    nvme only: the swapper starts reading the slice into pinned pool buffers. At most
+//           the pool minus the largest slice's buffers are taken by reads ahead, so a slice
+//           needed at once can always be read.
+//   copy    cpu/nvme: the slice (waiting for its read) is copied host->device on the H2D
+//           stream into a device buffer of slice_numel elements.
+//   gather  waits for the copy, then all-gathers the ranks' slices into a device buffer of
+//           world_size x slice_numel elements — the padded parameter, whose first numel
+//           elements are the full parameter. With world size 1 there is nothing to gather:
+//           the device slice is the full parameter (for tier none, the resident slice itself).
+// Releasing waits for whatever is in flight and frees the device buffers, so the
+// accelerator's memory statistics show the real high-water of gathered parameters.
+//
+// The store knows nothing of LibTorch: `on_gathered(m, data)` and `on_released(m)` let the
+// caller bind a parameter's tensor to the gathered memory and unbind it again.
+//
+// Thread safety: none; the driving thread calls everything (the I/O, copies and
+// collectives it issues run on their own threads).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "aio/pinned_buffer.h"
+#include "offload/accelerator.h"
+#include "offload/param_swapper.h"
+#include "zero/comm/communicator.h"
+#include "zero/param_coordinator.h"
+#include "zero/partition.h"
+#include "zero/zero_config.h"
+
+namespace zinf::zero {
+
+struct ParamStoreStats {
+  uint64_t gathers = 0;          // all-gathers issued
+  uint64_t gathered_bytes = 0;   // bytes received by them
+  uint64_t h2d_bytes = 0;        // host->device bytes copied
+  double wait_seconds = 0.0;     // time the driving thread blocked for reads, copies, gathers
+  double gather_wait_seconds = 0.0;  // of which: waiting for all-gathers
+};
+
+class ParamStore final : public ParamFetcher {
+ public:
+  struct Options {
+    OffloadTarget tier = OffloadTarget::kNone;
+    DType dtype = DType::kFloat32;  // element type of the slices and gathered params
+    bool pin_memory = true;         // tier cpu: lock the host slices
+  };
+
+  // Manages layout params `layout_params[m]` for m = 0.. (the coordinator's indices).
+  // `swapper` is required for tier nvme. Every reference must outlive the store.
+  ParamStore(const Options& options, const PartitionLayout& layout,
+             std::vector<size_t> layout_params, offload::Accelerator& accelerator,
+             Communicator& comm, offload::ParamSwapper* swapper);
+  ~ParamStore() override;
+
+  ParamStore(const ParamStore&) = delete;
+  ParamStore& operator=(const ParamStore&) = delete;
+
+  [[nodiscard]] size_t size() const noexcept { return params_.size(); }
+  [[nodiscard]] size_t layout_param(size_t m) const { return params_.at(m).layout_index; }
+
+  // Stores managed param m's slice (slice_numel elements of the store's dtype, padding
+  // included). Must be called once for every m before the first fetch.
+  void set_slice(size_t m, const void* slice);
+  // Overwrites `numel` elements of the slice at `slice_offset` (after an optimizer step).
+  // The param must not be gathered or in flight (release it first).
+  void write_slice(size_t m, uint64_t slice_offset, const void* data, uint64_t numel);
+  // Copies the slice (slice_numel elements) to host memory `dst`.
+  void read_slice(size_t m, void* dst);
+
+  // The gathered parameter (device memory, at least numel elements), or null.
+  [[nodiscard]] void* full_data(size_t m) const;
+
+  void set_callbacks(std::function<void(size_t m, void* data)> on_gathered,
+                     std::function<void(size_t m)> on_released);
+
+  // ParamFetcher.
+  bool start_read(size_t m) override;
+  void start_copy(size_t m) override;
+  void start_gather(size_t m) override;
+  void wait_gathered(size_t m) override;
+  void release(size_t m) override;
+
+  [[nodiscard]] ParamStoreStats stats() const noexcept { return stats_; }
+  // Host bytes held by the cpu tier's slices.
+  [[nodiscard]] uint64_t host_bytes() const noexcept;
+
+ private:
+  struct Param {
+    size_t layout_index = 0;
+    uint64_t numel = 0;
+    uint64_t slice_numel = 0;
+    offload::DeviceBuffer device_slice;   // tier none: resident; else the copy in flight
+    aio::PinnedBuffer host_slice;          // tier cpu (pinned)
+    std::unique_ptr<std::byte[]> plain_slice;  // tier cpu without pin_memory
+    offload::ParamId swap_id = 0;          // tier nvme
+    bool swapped_in = false;               // the swapper holds its pool buffers
+    bool read_started = false;
+    bool copy_started = false;
+    std::unique_ptr<offload::Event> copied;  // recorded after the H2D copy
+    offload::DeviceBuffer full;            // the gathered param (world size > 1)
+    WorkPtr gather;
+    bool gathered = false;                 // wait_gathered() done
+  };
+
+  [[nodiscard]] uint64_t slice_bytes(const Param& p) const noexcept {
+    return p.slice_numel * element_bytes_;
+  }
+  [[nodiscard]] size_t chunks_of(const Param& p) const noexcept;
+  [[nodiscard]] const std::byte* host_slice(const Param& p) const noexcept;
+  void wait_copy(Param& p);
+  void drop_swap(Param& p);
+
+  const Options options_;
+  const size_t element_bytes_;
+  const PartitionLayout& layout_;
+  offload::Accelerator& accelerator_;
+  Communicator& comm_;
+  offload::ParamSwapper* const swapper_;
+  std::unique_ptr<offload::Stream> h2d_;
+  std::vector<Param> params_;
+  size_t read_ahead_buffers_ = 0;  // swapper pool buffers reads ahead may hold
+  size_t held_buffers_ = 0;        // swapper pool buffers held by this store now
+  std::function<void(size_t, void*)> on_gathered_;
+  std::function<void(size_t)> on_released_;
+  ParamStoreStats stats_;
+};
+
+}  // namespace zinf::zero

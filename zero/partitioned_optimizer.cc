@@ -1,0 +1,302 @@
+#include "zero/partitioned_optimizer.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "zero/dtype_convert.h"
+#include "zero/error.h"
+
+namespace zinf::zero {
+namespace {
+
+using offload::OptimizerState;
+
+optimizer_cpu::DType copy_dtype(Precision precision) {
+  switch (precision) {
+    case Precision::kBFloat16:
+      return optimizer_cpu::DType::kBFloat16;
+    case Precision::kFloat16:
+      return optimizer_cpu::DType::kFloat16;
+    case Precision::kFloat32:
+      break;
+  }
+  return optimizer_cpu::DType::kFloat32;
+}
+
+constexpr OptimizerState kMomentStates[] = {OptimizerState::kGrads, OptimizerState::kExpAvg,
+                                            OptimizerState::kExpAvgSq};
+
+}  // namespace
+
+PartitionedOptimizer::PartitionedOptimizer(const PartitionLayout& layout,
+                                           const ZeroConfig& config,
+                                           optimizer_cpu::Optimizer& optimizer,
+                                           offload::NvmeStore* store,
+                                           offload::Accelerator* accelerator, Communicator& comm,
+                                           bool norm_is_global)
+    : layout_(layout), config_(config), comm_(comm), norm_is_global_(norm_is_global) {
+  if (layout_.partition_numel() == 0) {
+    throw ZeroError("the model has no trainable parameters to optimize");
+  }
+  nvme_ = config_.offload_optimizer == OffloadTarget::kNvme;
+  offload::OptimizerSwapperConfig sc;
+  sc.device = nvme_ ? offload::OffloadDevice::kNvme : offload::OffloadDevice::kCpu;
+  sc.numel = layout_.partition_numel();
+  sc.sub_group_size = config_.sub_group_size;
+  sc.buffer_count = config_.optimizer_buffer_count;
+  sc.pipeline_read = config_.pipeline_read;
+  sc.pipeline_write = config_.pipeline_write;
+  sc.grad_dtype = optimizer_cpu::DType::kFloat32;
+  sc.param_copy_dtype = copy_dtype(config_.precision);
+  swapper_ = std::make_unique<offload::OptimizerSwapper>(sc, optimizer, store, accelerator);
+  if (swapper_->sub_group_count() != layout_.sub_groups().size()) {
+    throw ZeroError(fmt::format("optimizer swapper cut {} sub-groups where the layout has {}",
+                                swapper_->sub_group_count(), layout_.sub_groups().size()));
+  }
+  const size_t groups = layout_.sub_groups().size();
+  sumsq_.assign(groups, 0.0);
+  nonfinite_.assign(groups, 0);
+  on_disk_.assign(groups, false);
+  touched_.assign(groups, false);
+  if (nvme_) {
+    const uint64_t largest = layout_.sub_groups().front().numel;
+    staging_[0] = aio::PinnedBuffer(largest * sizeof(float));
+    staging_[1] = aio::PinnedBuffer(largest * sizeof(float));
+  }
+}
+
+PartitionedOptimizer::~PartitionedOptimizer() {
+  if (write_.valid()) {
+    write_.wait();
+  }
+}
+
+uint64_t PartitionedOptimizer::pinned_bytes() const noexcept {
+  return swapper_->pinned_bytes() + staging_[0].capacity() + staging_[1].capacity();
+}
+
+// ---- initial master weights ----------------------------------------------------------
+
+void PartitionedOptimizer::append_master(const float* data, uint64_t numel) {
+  if (appended_ + numel > layout_.partition_numel()) {
+    throw ZeroError(fmt::format("optimizer init: {} elements appended to a partition of {}",
+                                appended_ + numel, layout_.partition_numel()));
+  }
+  if (!nvme_) {
+    auto* params = static_cast<float*>(swapper_->memory(OptimizerState::kParams));
+    std::memcpy(params + appended_, data, numel * sizeof(float));
+    appended_ += numel;
+    return;
+  }
+  // Fill one sub-group at a time, write each when it is complete.
+  const auto& groups = layout_.sub_groups();
+  while (numel > 0) {
+    size_t g = 0;
+    while (g + 1 < groups.size() && groups[g + 1].offset <= appended_) ++g;
+    const SubGroupRange& sg = groups[g];
+    if (init_buffer_.size() < sg.numel) {
+      init_buffer_.resize(sg.numel);
+    }
+    const uint64_t within = appended_ - sg.offset;
+    const uint64_t take = std::min(numel, sg.numel - within);
+    std::memcpy(init_buffer_.data() + within, data, take * sizeof(float));
+    appended_ += take;
+    data += take;
+    numel -= take;
+    if (within + take == sg.numel) {
+      swapper_->write_sub_group(OptimizerState::kParams, g, init_buffer_.data());
+    }
+  }
+}
+
+void PartitionedOptimizer::finish_master() {
+  if (appended_ != layout_.partition_numel()) {
+    throw ZeroError(fmt::format("optimizer init: {} of {} partition elements were given",
+                                appended_, layout_.partition_numel()));
+  }
+  for (OptimizerState state : kMomentStates) {
+    if (!swapper_->has_state(state)) {
+      continue;
+    }
+    if (!nvme_) {
+      std::memset(swapper_->memory(state), 0, layout_.partition_numel() * sizeof(float));
+      continue;
+    }
+    std::fill(init_buffer_.begin(), init_buffer_.end(), 0.0f);
+    for (size_t g = 0; g < layout_.sub_groups().size(); ++g) {
+      swapper_->write_sub_group(state, g, init_buffer_.data());
+    }
+  }
+  init_buffer_.clear();
+  init_buffer_.shrink_to_fit();
+  std::fill(on_disk_.begin(), on_disk_.end(), true);  // the grads are written zeros
+}
+
+// ---- gradients ---------------------------------------------------------------------
+
+void PartitionedOptimizer::begin_micro_batch(int micro_batch) {
+  if (micro_batch < 0 || micro_batch >= config_.gradient_accumulation_steps) {
+    throw ZeroError(fmt::format("micro-batch {} outside gradient_accumulation_steps {}",
+                                micro_batch, config_.gradient_accumulation_steps));
+  }
+  micro_batch_ = micro_batch;
+  last_micro_batch_ = micro_batch + 1 == config_.gradient_accumulation_steps;
+  std::fill(touched_.begin(), touched_.end(), false);
+  if (micro_batch == 0) {
+    std::fill(sumsq_.begin(), sumsq_.end(), 0.0);
+    std::fill(nonfinite_.begin(), nonfinite_.end(), 0);
+    std::fill(on_disk_.begin(), on_disk_.end(), false);
+    if (!nvme_) {
+      std::memset(swapper_->memory(OptimizerState::kGrads), 0,
+                  layout_.partition_numel() * sizeof(float));
+    }
+  }
+}
+
+void PartitionedOptimizer::accumulate(uint64_t offset, const void* grads, DType dtype,
+                                      uint64_t numel, float scale) {
+  if (offset > layout_.partition_numel() || numel > layout_.partition_numel() - offset) {
+    throw ZeroError(fmt::format("gradient of {} elements at {} exceeds the partition of {}",
+                                numel, offset, layout_.partition_numel()));
+  }
+  const size_t element = dtype_size(dtype);
+  const auto* src = static_cast<const std::byte*>(grads);
+  if (!nvme_) {
+    auto* dst = static_cast<float*>(swapper_->memory(OptimizerState::kGrads));
+    accumulate_scaled(dst + offset, src, dtype, numel, scale);
+    return;
+  }
+  const auto& groups = layout_.sub_groups();
+  const uint64_t group_size = groups.front().numel;
+  while (numel > 0) {
+    const size_t g = static_cast<size_t>(offset / group_size);
+    stage(g);
+    const uint64_t within = offset - groups[g].offset;
+    const uint64_t take = std::min(numel, groups[g].numel - within);
+    accumulate_scaled(staging_[staged_slot_].as<float>() + within, src, dtype, take, scale);
+    src += take * element;
+    offset += take;
+    numel -= take;
+  }
+}
+
+void PartitionedOptimizer::wait_write() {
+  if (write_.valid()) {
+    write_.get();  // rethrows the writer's error
+  }
+}
+
+void PartitionedOptimizer::stage(size_t sub_group) {
+  if (staged_ == static_cast<long>(sub_group)) {
+    return;
+  }
+  if (staged_ >= 0) {
+    flush_staged();
+  }
+  float* buffer = staging_[staged_slot_].as<float>();
+  const uint64_t numel = layout_.sub_groups()[sub_group].numel;
+  if (on_disk_[sub_group]) {
+    wait_write();  // one caller of the swapper at a time
+    swapper_->read_sub_group(OptimizerState::kGrads, sub_group, buffer);
+  } else {
+    std::memset(buffer, 0, numel * sizeof(float));
+  }
+  touched_[sub_group] = true;
+  staged_ = static_cast<long>(sub_group);
+}
+
+void PartitionedOptimizer::measure(size_t sub_group, const float* grads, uint64_t numel) {
+  const NormPart part = norm_part(grads, numel);
+  sumsq_[sub_group] = part.sumsq;
+  nonfinite_[sub_group] = part.nonfinite;
+}
+
+void PartitionedOptimizer::flush_staged() {
+  const auto g = static_cast<size_t>(staged_);
+  const int slot = staged_slot_;
+  const float* buffer = staging_[slot].as<float>();
+  if (last_micro_batch_) {
+    measure(g, buffer, layout_.sub_groups()[g].numel);
+  }
+  wait_write();
+  on_disk_[g] = true;
+  offload::OptimizerSwapper* swapper = swapper_.get();
+  write_ = std::async(std::launch::async, [swapper, g, buffer] {
+    swapper->write_sub_group(OptimizerState::kGrads, g, buffer);
+  });
+  staged_slot_ ^= 1;
+  staged_ = -1;
+}
+
+void PartitionedOptimizer::end_micro_batch() {
+  const auto& groups = layout_.sub_groups();
+  if (!nvme_) {
+    if (last_micro_batch_) {
+      const auto* grads = static_cast<const float*>(swapper_->memory(OptimizerState::kGrads));
+      for (size_t g = 0; g < groups.size(); ++g) {
+        measure(g, grads + groups[g].offset, groups[g].numel);
+      }
+    }
+    return;
+  }
+  if (staged_ >= 0) {
+    flush_staged();
+  }
+  wait_write();
+  if (!last_micro_batch_) {
+    return;
+  }
+  // Sub-groups no gradient reached in the last micro-batch: their final values are what the
+  // swap file holds (measure them), or zeros when nothing reached them in the whole step.
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (touched_[g]) {
+      continue;
+    }
+    stage(g);
+    flush_staged();
+  }
+  wait_write();
+}
+
+// ---- the update --------------------------------------------------------------------------
+
+OptimizerStepOutcome PartitionedOptimizer::step(int64_t step, double loss_scale,
+                                                const offload::ParamCopySink& sink) {
+  OptimizerStepOutcome outcome;
+  double totals[2] = {0.0, 0.0};  // sum of squares, NaN/Inf count
+  for (size_t g = 0; g < sumsq_.size(); ++g) {
+    totals[0] += sumsq_[g];
+    totals[1] += static_cast<double>(nonfinite_[g]);
+  }
+  if (!norm_is_global_ && comm_.world_size() > 1) {
+    comm_.all_reduce(totals, 2, DType::kFloat64, ReduceOp::kSum)->wait();
+  }
+  outcome.nonfinite = static_cast<uint64_t>(totals[1]);
+  const double scale = loss_scale > 0.0 ? loss_scale : 1.0;
+  outcome.grad_norm = std::sqrt(totals[0]) / scale;
+  if (outcome.nonfinite > 0 || !std::isfinite(outcome.grad_norm)) {
+    outcome.skipped = true;
+    outcome.grad_norm = std::numeric_limits<double>::infinity();
+    return outcome;
+  }
+  if (config_.gradient_clipping > 0.0) {
+    const double coefficient = config_.gradient_clipping / (outcome.grad_norm + 1e-6);
+    if (coefficient < 1.0) {
+      outcome.clip_coefficient = coefficient;
+    }
+  }
+  offload::OptimizerStepOptions options;
+  options.step = step;
+  options.loss_scale = static_cast<float>(scale);
+  options.clip_coefficient = static_cast<float>(outcome.clip_coefficient);
+  options.copy_params = true;
+  const offload::OptimizerStepReport report = swapper_->step(options, sink);
+  outcome.seconds = report.seconds;
+  return outcome;
+}
+
+}  // namespace zinf::zero

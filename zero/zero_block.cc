@@ -1,0 +1,145 @@
+#include "zero/zero_block.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <mutex>
+
+#include "zero/error.h"
+#include "zero/zero_model.h"
+
+namespace zinf::zero {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+at::Tensor rng_state() {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void set_rng_state(const at::Tensor& state) {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+// The block's forward without a graph, and its recomputation in backward. The block's
+// parameters are explicit inputs, so autograd calls backward even when `x` needs no
+// gradient; their gradients go to the ZeroModel, not to autograd (undefined outputs).
+struct BlockFunction : public torch::autograd::Function<BlockFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t block_address,
+                               at::TensorList params) {
+    auto* block = reinterpret_cast<ZeroBlockImpl*>(block_address);
+    ZeroModel& model = *block->model();
+    ctx->saved_data["block"] = block_address;
+    ctx->saved_data["params"] = static_cast<int64_t>(params.size());
+    ctx->saved_data["rng"] = rng_state();
+    model.enter_block(block->id());
+    torch::Tensor out;
+    try {
+      out = block->run_module(x);
+    } catch (...) {
+      model.leave_block(block->id());
+      throw;
+    }
+    model.leave_block(block->id());
+    ctx->save_for_backward({x});
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    auto* block = reinterpret_cast<ZeroBlockImpl*>(ctx->saved_data["block"].toInt());
+    const int64_t param_count = ctx->saved_data["params"].toInt();
+    ZeroModel& model = *block->model();
+    const torch::Tensor x = ctx->get_saved_variables()[0];
+    const bool x_needs_grad = x.requires_grad();
+
+    model.enter_block(block->id());
+    torch::Tensor grad_x;
+    try {
+      const std::vector<torch::Tensor>& params = model.block_tensors(block->id());
+      variable_list grads;
+      {
+        torch::AutoGradMode enable(true);
+        const at::Tensor current = rng_state();
+        set_rng_state(ctx->saved_data["rng"].toTensor());
+        torch::Tensor input = x.detach().requires_grad_(x_needs_grad);
+        torch::Tensor out;
+        try {
+          out = block->run_module(input);
+        } catch (...) {
+          set_rng_state(current);
+          throw;
+        }
+        set_rng_state(current);
+        variable_list inputs;
+        if (x_needs_grad) {
+          inputs.push_back(input);
+        }
+        for (const torch::Tensor& p : params) {
+          if (p.requires_grad()) {
+            inputs.push_back(p);
+          }
+        }
+        torch::Tensor grad_out = grad_outputs[0];
+        if (!grad_out.defined()) {
+          grad_out = torch::zeros_like(out);
+        }
+        grads = torch::autograd::grad({out}, inputs, {grad_out}, /*retain_graph=*/false,
+                                      /*create_graph=*/false, /*allow_unused=*/true);
+      }
+      size_t next = 0;
+      if (x_needs_grad) {
+        grad_x = grads[next++];
+      }
+      std::vector<torch::Tensor> param_grads(params.size());
+      for (size_t k = 0; k < params.size(); ++k) {
+        if (params[k].requires_grad()) {
+          param_grads[k] = grads[next++];
+        }
+      }
+      model.block_grads(block->id(), param_grads);
+    } catch (...) {
+      model.leave_block(block->id());
+      throw;
+    }
+    model.leave_block(block->id());
+
+    variable_list result;
+    result.reserve(2 + static_cast<size_t>(param_count));
+    result.push_back(grad_x);
+    result.emplace_back();  // block address
+    for (int64_t k = 0; k < param_count; ++k) {
+      result.emplace_back();
+    }
+    return result;
+  }
+};
+
+}  // namespace
+
+void ZeroBlockImpl::adopt() {
+  for (const auto& child : inner_->named_children()) {
+    register_module(child.key(), child.value());
+  }
+  for (const auto& param : inner_->named_parameters(/*recurse=*/false)) {
+    register_parameter(param.key(), param.value(), param.value().requires_grad());
+  }
+  for (const auto& buffer : inner_->named_buffers(/*recurse=*/false)) {
+    register_buffer(buffer.key(), buffer.value());
+  }
+}
+
+torch::Tensor ZeroBlockImpl::forward(const torch::Tensor& x) {
+  if (model_ == nullptr) {
+    return forward_(x);
+  }
+  const std::vector<torch::Tensor>& params = model_->block_tensors(id_);
+  return BlockFunction::apply(x, reinterpret_cast<int64_t>(this), at::TensorList(params));
+}
+
+}  // namespace zinf::zero

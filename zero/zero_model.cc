@@ -1,0 +1,587 @@
+#include "zero/zero_model.h"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <unordered_map>
+
+#include "zero/dtype_convert.h"
+#include "zero/error.h"
+
+namespace zinf::zero {
+namespace {
+
+DType dtype_of(Precision precision) {
+  switch (precision) {
+    case Precision::kBFloat16:
+      return DType::kBFloat16;
+    case Precision::kFloat16:
+      return DType::kFloat16;
+    case Precision::kFloat32:
+      break;
+  }
+  return DType::kFloat32;
+}
+
+at::ScalarType scalar_type(DType dtype) {
+  switch (dtype) {
+    case DType::kBFloat16:
+      return at::kBFloat16;
+    case DType::kFloat16:
+      return at::kHalf;
+    case DType::kFloat64:
+      return at::kDouble;
+    case DType::kInt64:
+      return at::kLong;
+    case DType::kFloat32:
+      break;
+  }
+  return at::kFloat;
+}
+
+bool under(const std::string& name, const std::string& prefix) {
+  if (prefix.empty()) {
+    return true;
+  }
+  return name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 &&
+         name[prefix.size()] == '.';
+}
+
+}  // namespace
+
+ZeroModel::ZeroModel(torch::nn::Module& root, const ZeroConfig& config,
+                     offload::Accelerator& accelerator, Communicator& comm,
+                     optimizer_cpu::Optimizer& optimizer, const Initializer& initializer)
+    : config_(config),
+      accelerator_(accelerator),
+      comm_(comm),
+      cpu_optimizer_(optimizer),
+      dtype_(dtype_of(config.precision)) {
+  if (config_.stage < 0 || config_.stage > 3) {
+    throw ZeroError(fmt::format("zero_optimization.stage must be 0, 1, 2 or 3, not {}",
+                                config_.stage));
+  }
+  if (config_.offload_param != OffloadTarget::kNone && config_.stage != 3) {
+    throw ZeroError(fmt::format(
+        "zero_optimization.offload_param needs stage 3 (the stage is {}): below stage 3 every "
+        "rank keeps the full parameters",
+        config_.stage));
+  }
+  if (config_.gradient_accumulation_steps < 1) {
+    throw ZeroError(fmt::format("gradient_accumulation_steps must be >= 1, not {}",
+                                config_.gradient_accumulation_steps));
+  }
+  copy_stream_ = accelerator_.create_stream();
+  collect(root);
+  partition(initializer);
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    blocks_[b].module->attach(this, b);
+  }
+}
+
+ZeroModel::~ZeroModel() {
+  for (Block& block : blocks_) {
+    block.module->attach(nullptr, 0);
+  }
+  if (coordinator_) {
+    coordinator_->reset();
+  }
+  // Resident parameters point into device buffers that go with this object: give the model
+  // copies it owns, so it stays usable (stage 3's managed parameters stay empty).
+  for (Param& p : params_) {
+    if (p.storage.size() > 0) {
+      torch::NoGradGuard no_grad;
+      p.var.set_data(p.var.detach().clone());
+    }
+  }
+}
+
+// ---- attaching -------------------------------------------------------------------------
+
+void ZeroModel::collect(torch::nn::Module& root) {
+  std::vector<std::string> block_paths;
+  for (const auto& item : root.named_modules("", /*include_self=*/true)) {
+    if (auto* block = dynamic_cast<ZeroBlockImpl*>(item.value().get())) {
+      if (block->model() != nullptr) {
+        throw ZeroError(fmt::format("block \"{}\" is already attached to another ZeroModel",
+                                    item.key()));
+      }
+      for (const std::string& path : block_paths) {
+        if (under(item.key(), path)) {
+          throw ZeroError(fmt::format("block \"{}\" is nested in block \"{}\": blocks must not "
+                                      "contain blocks",
+                                      item.key(), path));
+        }
+      }
+      blocks_.push_back(Block{block, {}, {}});
+      block_paths.push_back(item.key());
+    }
+  }
+  std::unordered_map<const void*, size_t> index;  // TensorImpl -> params_ index
+  for (const auto& item : root.named_parameters(/*recurse=*/true)) {
+    const std::string& name = item.key();
+    const torch::Tensor& tensor = item.value();
+    const void* impl = tensor.unsafeGetTensorImpl();
+    auto found = index.find(impl);
+    size_t i = 0;
+    if (found == index.end()) {
+      Param p;
+      p.name = name;
+      p.shape = tensor.sizes().vec();
+      p.numel = static_cast<uint64_t>(tensor.numel());
+      p.trainable = tensor.requires_grad();
+      p.var = tensor;
+      if (p.numel == 0 && p.trainable) {
+        throw ZeroError(fmt::format("parameter \"{}\" has no elements", name));
+      }
+      i = params_.size();
+      index.emplace(impl, i);
+      params_.push_back(std::move(p));
+    } else {
+      i = found->second;
+      params_[i].aliases.push_back(name);
+    }
+    bool inside = false;
+    for (size_t b = 0; b < blocks_.size(); ++b) {
+      if (under(name, block_paths[b])) {
+        inside = true;
+        if (std::find(params_[i].blocks.begin(), params_[i].blocks.end(), b) ==
+            params_[i].blocks.end()) {
+          params_[i].blocks.push_back(b);
+          blocks_[b].params.push_back(i);
+          blocks_[b].tensors.push_back(params_[i].var);
+        }
+      }
+    }
+    if (!inside) {
+      params_[i].outside_use = true;
+    }
+  }
+}
+
+void ZeroModel::partition(const Initializer& initializer) {
+  const bool stage0 = config_.stage == 0;
+  const int world = comm_.world_size();
+  std::vector<uint64_t> numels;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Param& p = params_[i];
+    if (!p.trainable) {
+      continue;
+    }
+    p.layout_index = static_cast<long>(trainable_.size());
+    trainable_.push_back(i);
+    numels.push_back(p.numel);
+    if (config_.stage == 3 && !p.outside_use && !p.blocks.empty()) {
+      p.managed = static_cast<long>(managed_.size());
+      managed_.push_back(i);
+    }
+  }
+  if (trainable_.empty()) {
+    throw ZeroError("the model has no trainable parameters");
+  }
+  layout_ = std::make_unique<PartitionLayout>(numels, stage0 ? 1 : world, stage0 ? 0 : comm_.rank(),
+                                              config_.sub_group_size);
+
+  auto make_store = [&](const char* name) {
+    if (config_.nvme_paths.empty()) {
+      throw ZeroError(fmt::format(
+          "offload device nvme needs a folder: set offload_{}.nvme_path (or zinf.nvme_paths)",
+          name));
+    }
+    offload::NvmeStoreConfig sc;
+    sc.nvme_path = config_.nvme_paths.front();
+    sc.rank = comm_.rank();
+    sc.name = name;
+    sc.aio = config_.aio;
+    sc.checksums = config_.swap_checksums;
+    return std::make_unique<offload::NvmeStore>(sc);
+  };
+  if (config_.offload_optimizer == OffloadTarget::kNvme) {
+    optimizer_nvme_ = make_store("optimizer");
+  }
+  if (!managed_.empty() && config_.offload_param == OffloadTarget::kNvme) {
+    param_nvme_ = make_store("param");
+    offload::ParamSwapperConfig pc;
+    pc.buffer_count = config_.param_buffer_count;
+    pc.buffer_size = config_.param_buffer_size;
+    pc.max_in_cpu = config_.param_max_in_cpu;
+    pc.element_bytes = dtype_size(dtype_);
+    param_swapper_ = std::make_unique<offload::ParamSwapper>(pc, *param_nvme_, &accelerator_);
+  }
+  optimizer_ = std::make_unique<PartitionedOptimizer>(
+      *layout_, config_, cpu_optimizer_, optimizer_nvme_.get(), &accelerator_, comm_, stage0);
+  if (!managed_.empty()) {
+    ParamStore::Options so;
+    so.tier = config_.offload_param;
+    so.dtype = dtype_;
+    std::vector<size_t> layout_params;
+    for (size_t i : managed_) {
+      layout_params.push_back(static_cast<size_t>(params_[i].layout_index));
+    }
+    store_ = std::make_unique<ParamStore>(so, *layout_, std::move(layout_params), accelerator_,
+                                          comm_, param_swapper_.get());
+  }
+
+  // Every parameter's initial values: full fp32 (rank 0's, or the initializer's), this rank's
+  // slice to the optimizer, and the compute-precision copy to where the parameter lives.
+  const size_t element = dtype_size(dtype_);
+  std::vector<float> slice;
+  std::vector<std::byte> slice16;
+  for (size_t i : trainable_) {
+    Param& p = params_[i];
+    const ParamSlice& s = layout_->slice(static_cast<size_t>(p.layout_index));
+    torch::Tensor full;
+    {
+      torch::NoGradGuard no_grad;
+      if (initializer) {
+        full = torch::empty(p.shape, torch::TensorOptions().dtype(at::kFloat));
+        initializer(p.name, full);
+        full = full.contiguous();
+      } else {
+        full = p.var.detach().to(at::kFloat).contiguous().clone();
+      }
+    }
+    if (world > 1) {
+      comm_.broadcast(full.data_ptr(), p.numel, DType::kFloat32, 0)->wait();
+    }
+    const float* values = full.data_ptr<float>();
+    slice.assign(s.slice_numel, 0.0f);
+    std::memcpy(slice.data(), values + s.slice_begin, s.valid_numel * sizeof(float));
+    optimizer_->append_master(slice.data(), s.slice_numel);
+    if (p.managed >= 0) {
+      slice16.resize(s.slice_numel * element);
+      from_float(slice.data(), slice16.data(), dtype_, s.slice_numel);
+      store_->set_slice(static_cast<size_t>(p.managed), slice16.data());
+      unbind(p);
+    } else {
+      const uint64_t padded = s.slice_numel * static_cast<uint64_t>(layout_->world_size());
+      p.storage = accelerator_.allocate(padded * element);
+      std::vector<std::byte> host(padded * element, std::byte{0});
+      from_float(values, host.data(), dtype_, p.numel);
+      accelerator_.copy_to_device(p.storage.data(), host.data(), host.size(), *copy_stream_);
+      copy_stream_->synchronize();
+      bind(p, p.storage.data());
+    }
+  }
+  optimizer_->finish_master();
+
+  if (store_) {
+    std::vector<uint64_t> numels_managed;
+    std::vector<std::vector<size_t>> block_params(blocks_.size());
+    std::vector<bool> persistent;
+    uint64_t persistent_total = 0;
+    for (size_t m = 0; m < managed_.size(); ++m) {
+      const Param& p = params_[managed_[m]];
+      numels_managed.push_back(p.numel);
+      const bool small = p.numel <= config_.param_persistence_threshold &&
+                         persistent_total + p.numel <= config_.model_persistence_threshold;
+      if (small) {
+        persistent_total += p.numel;
+      }
+      persistent.push_back(small);
+    }
+    for (size_t b = 0; b < blocks_.size(); ++b) {
+      for (size_t i : blocks_[b].params) {
+        if (params_[i].managed >= 0) {
+          block_params[b].push_back(static_cast<size_t>(params_[i].managed));
+        }
+      }
+    }
+    CoordinatorConfig cc;
+    cc.prefetch_bucket_size = config_.prefetch_bucket_size;
+    cc.max_live_parameters = config_.max_live_parameters;
+    cc.max_reuse_distance = config_.max_reuse_distance;
+    coordinator_ = std::make_unique<ParamCoordinator>(cc, std::move(numels_managed),
+                                                      std::move(block_params),
+                                                      std::move(persistent), *store_);
+    store_->set_callbacks(
+        [this](size_t m, void* data) {
+          Param& p = params_[managed_[m]];
+          bind(p, data);
+          gathered_bytes_ += p.numel * dtype_size(dtype_);
+          gathered_high_water_bytes_ = std::max(gathered_high_water_bytes_, gathered_bytes_);
+        },
+        [this](size_t m) {
+          Param& p = params_[managed_[m]];
+          unbind(p);
+          gathered_bytes_ -= p.numel * dtype_size(dtype_);
+        });
+  }
+
+  reducer_ = std::make_unique<GradReducer>(*layout_, config_, comm_, dtype_, *optimizer_,
+                                           accelerator_);
+  outside_grad_seen_.assign(params_.size(), false);
+  for (size_t i : trainable_) {
+    Param& p = params_[i];
+    const int contributions = static_cast<int>(p.blocks.size()) + (p.outside_use ? 1 : 0);
+    if (contributions > 1) {
+      reducer_->set_contributions(static_cast<size_t>(p.layout_index), contributions);
+    }
+    if (p.outside_use) {
+      p.var.register_hook([this, i](const torch::Tensor& grad) {
+        if (in_micro_batch_) {
+          outside_grad_seen_[i] = true;
+          add_grad(i, grad);
+        }
+      });
+    }
+  }
+}
+
+void ZeroModel::bind(Param& param, void* data) {
+  torch::NoGradGuard no_grad;
+  param.var.set_data(
+      torch::from_blob(data, param.shape, torch::TensorOptions().dtype(scalar_type(dtype_))));
+}
+
+void ZeroModel::unbind(Param& param) {
+  torch::NoGradGuard no_grad;
+  param.var.set_data(torch::empty({0}, torch::TensorOptions().dtype(scalar_type(dtype_))));
+}
+
+// ---- training ------------------------------------------------------------------------------
+
+void ZeroModel::begin_micro_batch(int micro_batch) {
+  if (in_micro_batch_ || in_eval_) {
+    throw ZeroError("begin_micro_batch() while a micro-batch or an evaluation is running");
+  }
+  reducer_->begin_micro_batch(micro_batch);
+  std::fill(outside_grad_seen_.begin(), outside_grad_seen_.end(), false);
+  if (coordinator_) {
+    coordinator_->begin_pass(true);
+  }
+  in_micro_batch_ = true;
+}
+
+void ZeroModel::end_micro_batch() {
+  if (!in_micro_batch_) {
+    throw ZeroError("end_micro_batch() without begin_micro_batch()");
+  }
+  // Parameters used outside blocks whose hook did not run (no gradient reached them): a
+  // zero contribution keeps every rank's reductions in step.
+  for (size_t i : trainable_) {
+    Param& p = params_[i];
+    if (p.outside_use && !outside_grad_seen_[i]) {
+      add_grad(i, torch::Tensor());
+    }
+    if (p.outside_use && p.var.grad().defined()) {
+      p.var.mutable_grad().reset();
+    }
+  }
+  in_micro_batch_ = false;
+  reducer_->end_micro_batch();
+  if (coordinator_) {
+    coordinator_->end_pass();
+  }
+}
+
+void ZeroModel::begin_eval() {
+  if (in_micro_batch_ || in_eval_) {
+    throw ZeroError("begin_eval() while a micro-batch or an evaluation is running");
+  }
+  if (coordinator_) {
+    coordinator_->begin_pass(false);
+  }
+  in_eval_ = true;
+}
+
+void ZeroModel::end_eval() {
+  if (!in_eval_) {
+    throw ZeroError("end_eval() without begin_eval()");
+  }
+  in_eval_ = false;
+  if (coordinator_) {
+    coordinator_->end_pass();
+  }
+}
+
+void ZeroModel::enter_block(size_t block) {
+  if (!in_micro_batch_ && !in_eval_) {
+    throw ZeroError(
+        "a ZeroBlock ran outside begin_micro_batch()/end_micro_batch() or "
+        "begin_eval()/end_eval()");
+  }
+  if (coordinator_) {
+    coordinator_->enter(block);
+  }
+}
+
+void ZeroModel::leave_block(size_t block) {
+  if (coordinator_) {
+    coordinator_->leave(block);
+  }
+}
+
+const std::vector<torch::Tensor>& ZeroModel::block_tensors(size_t block) const {
+  return blocks_.at(block).tensors;
+}
+
+void ZeroModel::block_grads(size_t block, const std::vector<torch::Tensor>& grads) {
+  const Block& b = blocks_.at(block);
+  if (grads.size() != b.params.size()) {
+    throw ZeroError(fmt::format("block {}: {} gradients for {} parameters", block, grads.size(),
+                                b.params.size()));
+  }
+  for (size_t k = 0; k < b.params.size(); ++k) {
+    if (params_[b.params[k]].trainable) {
+      add_grad(b.params[k], grads[k]);
+    }
+  }
+}
+
+void ZeroModel::add_grad(size_t param_index, const torch::Tensor& grad) {
+  const Param& p = params_[param_index];
+  torch::Tensor g;
+  if (!grad.defined()) {
+    g = torch::zeros({static_cast<int64_t>(p.numel)},
+                     torch::TensorOptions().dtype(scalar_type(dtype_)));
+  } else {
+    g = grad.to(scalar_type(dtype_)).contiguous();
+    if (static_cast<uint64_t>(g.numel()) != p.numel) {
+      throw ZeroError(fmt::format("parameter "{}": a gradient of {} elements for {}", p.name,
+                                  g.numel(), p.numel));
+    }
+  }
+  reducer_->add(static_cast<size_t>(p.layout_index), g.data_ptr());
+}
+
+OptimizerStepOutcome ZeroModel::step(int64_t step, double loss_scale) {
+  if (in_micro_batch_ || in_eval_) {
+    throw ZeroError("step() inside a micro-batch or an evaluation");
+  }
+  if (coordinator_) {
+    coordinator_->release_all();  // the slices are about to change
+  }
+  const OptimizerStepOutcome outcome = optimizer_->step(
+      step, loss_scale,
+      [this](uint64_t offset, const void* data, uint64_t numel) { write_updated(offset, data, numel); });
+  if (!outcome.skipped) {
+    gather_resident();
+  }
+  return outcome;
+}
+
+void ZeroModel::write_updated(uint64_t offset, const void* data, uint64_t numel) {
+  const size_t element = dtype_size(dtype_);
+  const auto* src = static_cast<const std::byte*>(data);
+  const uint64_t own = config_.stage == 0 ? 0 : static_cast<uint64_t>(comm_.rank());
+  bool copied = false;
+  layout_->for_each_overlap(offset, numel, [&](size_t lp, uint64_t slice_offset,
+                                               uint64_t partition_offset, uint64_t count) {
+    Param& p = params_[trainable_[lp]];
+    const std::byte* piece = src + (partition_offset - offset) * element;
+    if (p.managed >= 0) {
+      store_->write_slice(static_cast<size_t>(p.managed), slice_offset, piece, count);
+      return;
+    }
+    const uint64_t slice = layout_->slice(lp).slice_numel;
+    auto* dst = static_cast<std::byte*>(p.storage.data()) + (own * slice + slice_offset) * element;
+    accelerator_.copy_to_device(dst, piece, count * element, *copy_stream_);
+    copied = true;
+  });
+  if (copied) {
+    copy_stream_->synchronize();  // `data` is valid only during this call
+  }
+}
+
+void ZeroModel::gather_resident() {
+  if (layout_->world_size() == 1) {
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const size_t element = dtype_size(dtype_);
+  std::vector<WorkPtr> works;
+  for (size_t lp = 0; lp < trainable_.size(); ++lp) {
+    Param& p = params_[trainable_[lp]];
+    if (p.managed >= 0) {
+      continue;
+    }
+    const uint64_t slice = layout_->slice(lp).slice_numel;
+    auto* base = static_cast<std::byte*>(p.storage.data());
+    works.push_back(comm_.all_gather(base + static_cast<uint64_t>(comm_.rank()) * slice * element,
+                                     base, slice, dtype_));
+  }
+  for (WorkPtr& work : works) {
+    work->wait();
+  }
+  allgather_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// ---- introspection ------------------------------------------------------------------------
+
+std::vector<torch::Tensor> ZeroModel::gather_master() {
+  // This rank's fp32 slices, read sub-group by sub-group.
+  std::vector<std::vector<float>> slices(trainable_.size());
+  for (size_t lp = 0; lp < trainable_.size(); ++lp) {
+    slices[lp].resize(layout_->slice(lp).slice_numel);
+  }
+  std::vector<float> buffer;
+  const auto& groups = layout_->sub_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    buffer.resize(groups[g].numel);
+    optimizer_->swapper().read_sub_group(offload::OptimizerState::kParams, g, buffer.data());
+    layout_->for_each_overlap(groups[g].offset, groups[g].numel,
+                              [&](size_t lp, uint64_t slice_offset, uint64_t partition_offset,
+                                  uint64_t count) {
+                                std::memcpy(slices[lp].data() + slice_offset,
+                                            buffer.data() + (partition_offset - groups[g].offset),
+                                            count * sizeof(float));
+                              });
+  }
+  std::vector<torch::Tensor> result(params_.size());
+  const int world = layout_->world_size();
+  for (size_t lp = 0; lp < trainable_.size(); ++lp) {
+    const Param& p = params_[trainable_[lp]];
+    const uint64_t slice = layout_->slice(lp).slice_numel;
+    torch::Tensor full = torch::empty({static_cast<int64_t>(slice * static_cast<uint64_t>(world))},
+                                      torch::TensorOptions().dtype(at::kFloat));
+    if (world == 1) {
+      std::memcpy(full.data_ptr<float>(), slices[lp].data(), slice * sizeof(float));
+    } else {
+      comm_.all_gather(slices[lp].data(), full.data_ptr<float>(), slice, DType::kFloat32)->wait();
+    }
+    result[trainable_[lp]] = full.narrow(0, 0, static_cast<int64_t>(p.numel)).view(p.shape);
+  }
+  return result;
+}
+
+ZeroModelStats ZeroModel::stats() const {
+  ZeroModelStats s;
+  if (coordinator_) {
+    s.coordinator = coordinator_->stats();
+  }
+  if (store_) {
+    s.params = store_->stats();
+    s.host_bytes += store_->host_bytes();
+  }
+  s.reducer = reducer_->stats();
+  if (param_swapper_) {
+    s.param_swap = param_swapper_->counters();
+    s.pinned_bytes += param_swapper_->pinned_bytes();
+    s.host_bytes += param_swapper_->cpu_elements() * dtype_size(dtype_);
+  }
+  s.optimizer_swap = optimizer_->swapper().counters();
+  s.pinned_bytes += optimizer_->pinned_bytes();
+  if (config_.offload_optimizer != OffloadTarget::kNvme) {
+    s.host_bytes += layout_->partition_numel() * 4 * optimizer_->swapper().states_per_param();
+  }
+  for (const offload::NvmeStore* store : {param_nvme_.get(), optimizer_nvme_.get()}) {
+    if (store != nullptr) {
+      s.nvme_bytes += store->stats().file_bytes;
+    }
+  }
+  for (const Param& p : params_) {
+    s.resident_bytes += p.storage.size();
+  }
+  s.device = accelerator_.memory_stats();
+  s.gathered_high_water_bytes = gathered_high_water_bytes_;
+  s.allgather_seconds = allgather_seconds_;
+  return s;
+}
+
+}  // namespace zinf::zero

@@ -1,0 +1,173 @@
+// ZeroModel: runs a LibTorch model under ZeRO stage 0, 1, 2 or 3 — the parameters
+// partitioned over the ranks (zero/partition.h), the optimizer's share of each rank on its
+// tier (zero/partitioned_optimizer.h), gradients reduced to their owners while backward
+// runs (zero/grad_reducer.h) and, at stage 3, every block's parameters gathered only while
+// it needs them (zero/param_coordinator.h, zero/param_store.h).
+//
+// The model wraps its heavy modules in ZeroBlocks (zero/zero_block.h). Attaching walks the
+// model's parameters in `named_parameters()` order (tied parameters — one tensor under two
+// names — count once; the later names are its aliases) and decides where each lives:
+//   managed   stage 3, used only inside blocks: its full tensor exists only while gathered
+//             (an empty tensor otherwise), its 16-bit slice on offload_param's tier;
+//   resident  every parameter at stages 0–2, and at stage 3 those used outside any block:
+//             the full tensor stays in device memory (padded to a multiple of the world
+//             size) and is refreshed from the ranks' updated slices after each step.
+// Frozen parameters (requires_grad false) are left as they are and not trained.
+// Initial values: rank 0's are broadcast, so every rank starts from the same model; an
+// Initializer, when given, fills each parameter's full fp32 values just before it is
+// partitioned (so a model larger than memory need never exist whole).
+// Stage 1 keeps gradients partitioned like stage 2 (the same results with less memory).
+//
+// A training step: for each micro-batch begin_micro_batch(i); forward; loss.backward()
+// (scaled by the loss scale and 1 / gradient_accumulation_steps); end_micro_batch(i); then
+// step(). Block parameter gradients reach the reducer from the blocks' backward; those of
+// parameters used outside blocks from a tensor hook as autograd produces them.
+//
+// Thread safety: one driving thread calls everything and runs forward and backward.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "offload/accelerator.h"
+#include "offload/counters.h"
+#include "offload/nvme_store.h"
+#include "offload/param_swapper.h"
+#include "optimizer_cpu/optimizer.h"
+#include "zero/comm/communicator.h"
+#include "zero/grad_reducer.h"
+#include "zero/param_coordinator.h"
+#include "zero/param_store.h"
+#include "zero/partition.h"
+#include "zero/partitioned_optimizer.h"
+#include "zero/zero_block.h"
+#include "zero/zero_config.h"
+
+namespace zinf::zero {
+
+struct ZeroModelStats {
+  CoordinatorStats coordinator;  // stage 3
+  ParamStoreStats params;        // stage 3
+  GradReducerStats reducer;
+  offload::OffloadCounters param_swap;      // offload_param nvme
+  offload::OffloadCounters optimizer_swap;  // the optimizer tier
+  offload::AcceleratorMemoryStats device;
+  uint64_t gathered_high_water_bytes = 0;  // stage 3: most gathered bytes at once
+  uint64_t resident_bytes = 0;             // device bytes of resident parameters
+  uint64_t pinned_bytes = 0;               // pools and staging buffers
+  uint64_t host_bytes = 0;                 // CPU-tier slices and in-memory optimizer arrays
+  uint64_t nvme_bytes = 0;                 // swap files
+  double allgather_seconds = 0.0;          // after-step gathers of resident parameters
+};
+
+class ZeroModel {
+ public:
+  // Fills `full` (fp32, the parameter's shape) with the initial values of parameter `name`.
+  using Initializer = std::function<void(const std::string& name, torch::Tensor& full)>;
+
+  struct Param {
+    std::string name;
+    std::vector<std::string> aliases;  // other names of a tied parameter
+    std::vector<int64_t> shape;
+    uint64_t numel = 0;
+    bool trainable = true;
+    std::vector<size_t> blocks;  // blocks that use it
+    bool outside_use = false;    // used by a module outside every block
+    long layout_index = -1;      // trainable: index in layout()
+    long managed = -1;           // stage 3 managed: index in the param store
+    torch::Tensor var;           // the model's parameter
+    offload::DeviceBuffer storage;  // resident: padded full tensor
+  };
+
+  // Attaches to `root` (which must outlive this object) and partitions it. Throws ZeroError
+  // (or OffloadError / CommError from the layers below) with the key and numbers when the
+  // configuration cannot work.
+  ZeroModel(torch::nn::Module& root, const ZeroConfig& config, offload::Accelerator& accelerator,
+            Communicator& comm, optimizer_cpu::Optimizer& optimizer,
+            const Initializer& initializer = {});
+  ~ZeroModel();
+
+  ZeroModel(const ZeroModel&) = delete;
+  ZeroModel& operator=(const ZeroModel&) = delete;
+
+  // ---- training ------------------------------------------------------------------------
+  void begin_micro_batch(int micro_batch);
+  void end_micro_batch();
+  // The optimizer step after the last micro-batch; `step` counts applied steps from 1.
+  // The gradients are divided by `loss_scale` inside the update.
+  [[nodiscard]] OptimizerStepOutcome step(int64_t step, double loss_scale);
+
+  // A forward without backward (evaluation): blocks are fetched on demand, the recorded
+  // trace is left alone.
+  void begin_eval();
+  void end_eval();
+
+  // ---- called by ZeroBlock ---------------------------------------------------------------
+  void enter_block(size_t block);
+  void leave_block(size_t block);
+  // The distinct parameters (model tensors) of a block, in a fixed order.
+  [[nodiscard]] const std::vector<torch::Tensor>& block_tensors(size_t block) const;
+  // The gradients of block_tensors(block), in the same order (undefined: zero).
+  void block_grads(size_t block, const std::vector<torch::Tensor>& grads);
+
+  // ---- introspection ----------------------------------------------------------------------
+  [[nodiscard]] int stage() const noexcept { return config_.stage; }
+  [[nodiscard]] const ZeroConfig& config() const noexcept { return config_; }
+  [[nodiscard]] const std::vector<Param>& params() const noexcept { return params_; }
+  [[nodiscard]] const PartitionLayout& layout() const noexcept { return *layout_; }
+  [[nodiscard]] PartitionedOptimizer& optimizer() noexcept { return *optimizer_; }
+  [[nodiscard]] Communicator& comm() noexcept { return comm_; }
+  [[nodiscard]] size_t block_count() const noexcept { return blocks_.size(); }
+  [[nodiscard]] DType compute_dtype() const noexcept { return dtype_; }
+  // Collective: the full fp32 master values of every trainable parameter (index as params()),
+  // undefined tensors for frozen ones. For tests and small models.
+  [[nodiscard]] std::vector<torch::Tensor> gather_master();
+  [[nodiscard]] ZeroModelStats stats() const;
+
+ private:
+  struct Block {
+    ZeroBlockImpl* module = nullptr;
+    std::vector<size_t> params;  // indices into params_
+    std::vector<torch::Tensor> tensors;
+  };
+
+  void collect(torch::nn::Module& root);
+  void partition(const Initializer& initializer);
+  void bind(Param& param, void* data);
+  void unbind(Param& param);
+  void write_updated(uint64_t offset, const void* data, uint64_t numel);
+  void gather_resident();
+  void add_grad(size_t param_index, const torch::Tensor& grad);
+
+  const ZeroConfig config_;
+  offload::Accelerator& accelerator_;
+  Communicator& comm_;
+  optimizer_cpu::Optimizer& cpu_optimizer_;
+  const DType dtype_;
+  std::vector<Param> params_;
+  std::vector<Block> blocks_;
+  std::vector<size_t> managed_;    // managed index -> params_ index
+  std::vector<size_t> trainable_;  // layout index -> params_ index
+  std::unique_ptr<PartitionLayout> layout_;
+  std::unique_ptr<offload::NvmeStore> param_nvme_;
+  std::unique_ptr<offload::NvmeStore> optimizer_nvme_;
+  std::unique_ptr<offload::ParamSwapper> param_swapper_;
+  std::unique_ptr<ParamStore> store_;
+  std::unique_ptr<ParamCoordinator> coordinator_;
+  std::unique_ptr<PartitionedOptimizer> optimizer_;
+  std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<offload::Stream> copy_stream_;
+  bool in_micro_batch_ = false;
+  bool in_eval_ = false;
+  std::vector<bool> outside_grad_seen_;  // this micro-batch, per params_ index
+  uint64_t gathered_bytes_ = 0;
+  uint64_t gathered_high_water_bytes_ = 0;
+  double allgather_seconds_ = 0.0;
+};
+
+}  // namespace zinf::zero
