@@ -85,8 +85,8 @@ uint64_t GradReducer::bucket_bytes() const noexcept {
 
 void GradReducer::set_contributions(size_t param, int count) {
   if (param >= contributions_.size() || count < 1) {
-    throw ZeroError(fmt::format("gradient reducer: {} contributions for parameter {} of {}",
-                                count, param, contributions_.size()));
+    throw ZeroError(fmt::format("gradient reducer: {} contributions for parameter {} of {}", count,
+                                param, contributions_.size()));
   }
   contributions_[param] = count;
 }
@@ -98,8 +98,8 @@ void GradReducer::begin_micro_batch(int micro_batch) {
 
 void GradReducer::add(size_t param, const void* grad) {
   if (param >= contributions_.size()) {
-    throw ZeroError(fmt::format("gradient reducer: parameter {} of {}", param,
-                                contributions_.size()));
+    throw ZeroError(
+        fmt::format("gradient reducer: parameter {} of {}", param, contributions_.size()));
   }
   const ParamSlice& s = layout_.slice(param);
   if (contributions_[param] > 1) {
@@ -178,8 +178,8 @@ void GradReducer::issue_bucket() {
     }
     bucket.count = count;
     if (config_.reduce_scatter) {
-      bucket.work = comm_.reduce_scatter(send, recv_[bucket.slot].data(), count, comm_dtype_,
-                                         ReduceOp::kSum);
+      bucket.work =
+          comm_.reduce_scatter(send, recv_[bucket.slot].data(), count, comm_dtype_, ReduceOp::kSum);
     } else {
       bucket.work = comm_.all_reduce(send, count * static_cast<uint64_t>(world_), comm_dtype_,
                                      ReduceOp::kSum);
@@ -217,15 +217,14 @@ void GradReducer::process(InFlight& bucket) {
     }
     return;
   }
-  const std::byte* mine =
-      config_.reduce_scatter
-          ? static_cast<const std::byte*>(recv_[bucket.slot].data())
-          : static_cast<const std::byte*>(send_[bucket.slot].data()) +
-                static_cast<uint64_t>(comm_.rank()) * bucket.count * element;
+  const std::byte* mine = config_.reduce_scatter
+                              ? static_cast<const std::byte*>(recv_[bucket.slot].data())
+                              : static_cast<const std::byte*>(send_[bucket.slot].data()) +
+                                    static_cast<uint64_t>(comm_.rank()) * bucket.count * element;
   for (const auto& [param, offset] : bucket.params) {
     const ParamSlice& s = layout_.slice(param);
-    optimizer_.accumulate(s.partition_offset, mine + offset * element, comm_dtype_,
-                          s.slice_numel, scale);
+    optimizer_.accumulate(s.partition_offset, mine + offset * element, comm_dtype_, s.slice_numel,
+                          scale);
   }
 }
 

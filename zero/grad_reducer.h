@@ -40,8 +40,8 @@ namespace zinf::zero {
 
 struct GradReducerStats {
   uint64_t buckets = 0;
-  uint64_t bytes_sent = 0;       // bucket bytes handed to collectives
-  double wait_seconds = 0.0;     // time backward blocked waiting for reductions
+  uint64_t bytes_sent = 0;    // bucket bytes handed to collectives
+  double wait_seconds = 0.0;  // time backward blocked waiting for reductions
   uint64_t peak_bucket_elements = 0;
 };
 
@@ -50,8 +50,7 @@ class GradReducer {
   // `grad_dtype`: element type of the gradients add() receives. Bucket memory comes from
   // `accelerator` (device memory). Every reference must outlive the reducer.
   GradReducer(const PartitionLayout& layout, const ZeroConfig& config, Communicator& comm,
-              DType grad_dtype, PartitionedOptimizer& optimizer,
-              offload::Accelerator& accelerator);
+              DType grad_dtype, PartitionedOptimizer& optimizer, offload::Accelerator& accelerator);
   ~GradReducer();
 
   GradReducer(const GradReducer&) = delete;
@@ -97,17 +96,17 @@ class GradReducer {
   const int world_;
   const bool stage0_;  // the layout has world size 1 while the ranks are many
 
-  uint64_t capacity_ = 0;  // elements per bucket
-  offload::DeviceBuffer fill_;      // param-major: [param][padded elements]
-  offload::DeviceBuffer send_[2];   // rank-major copy of a full bucket
-  offload::DeviceBuffer recv_[2];   // this rank's region after a reduce-scatter
+  uint64_t capacity_ = 0;          // elements per bucket
+  offload::DeviceBuffer fill_;     // param-major: [param][padded elements]
+  offload::DeviceBuffer send_[2];  // rank-major copy of a full bucket
+  offload::DeviceBuffer recv_[2];  // this rank's region after a reduce-scatter
   uint64_t fill_used_ = 0;
   std::vector<std::pair<size_t, uint64_t>> fill_params_;  // (param, offset in fill_)
   std::deque<InFlight> in_flight_;
   size_t next_slot_ = 0;
 
-  std::vector<int> contributions_;   // expected per micro-batch
-  std::vector<int> received_;        // this micro-batch
+  std::vector<int> contributions_;           // expected per micro-batch
+  std::vector<int> received_;                // this micro-batch
   std::vector<std::vector<float>> pending_;  // tied params' partial sums
   GradReducerStats stats_;
 };

@@ -30,8 +30,8 @@ LossScaler::LossScaler(const LossScaleConfig& config) {
     throw ZeroError(fmt::format("fp16.hysteresis must be >= 1, not {}", config.hysteresis));
   }
   if (!(config.min_loss_scale > 0.0) || !std::isfinite(config.min_loss_scale)) {
-    throw ZeroError(
-        fmt::format("fp16.min_loss_scale must be a positive number, not {}", config.min_loss_scale));
+    throw ZeroError(fmt::format("fp16.min_loss_scale must be a positive number, not {}",
+                                config.min_loss_scale));
   }
   dynamic_ = true;
   scale_ = std::ldexp(1.0, config.initial_scale_power);
@@ -49,7 +49,7 @@ void LossScaler::update(bool overflow) {
   }
   if (overflow) {
     if (hysteresis_ == 1 || hysteresis_left_ == 1) {
-      if (scale_ <= min_scale_) {
+      if (scale_ == min_scale_) {
         throw ZeroError(fmt::format(
             "fp16: gradients overflowed with the loss scale already at fp16.min_loss_scale "
             "({}) at iteration {}; the run cannot make progress (lower the learning rate, "

@@ -38,7 +38,7 @@ class LossScaler {
   // State, for checkpoints and logs.
   struct State {
     double scale = 1.0;
-    int64_t iteration = 0;            // updates so far
+    int64_t iteration = 0;  // updates so far
     int64_t last_overflow_iteration = -1;
     int hysteresis_left = 1;
   };

@@ -192,14 +192,16 @@ void ParamCoordinator::enter(size_t block) {
     ++stats_.trace_changes;
     last_warning_ =
         position >= trace_.size()
-            ? fmt::format("stage 3: block {} was entered at trace position {}, after the end of "
-                          "the recorded trace ({} entries); fetching on demand for the rest of "
-                          "this pass and recording the new order",
-                          block, position, trace_.size())
-            : fmt::format("stage 3: block {} was entered at trace position {} where the recorded "
-                          "trace has block {}; fetching on demand for the rest of this pass and "
-                          "recording the new order",
-                          block, position, trace_[position]);
+            ? fmt::format(
+                  "stage 3: block {} was entered at trace position {}, after the end of "
+                  "the recorded trace ({} entries); fetching on demand for the rest of "
+                  "this pass and recording the new order",
+                  block, position, trace_.size())
+            : fmt::format(
+                  "stage 3: block {} was entered at trace position {} where the recorded "
+                  "trace has block {}; fetching on demand for the rest of this pass and "
+                  "recording the new order",
+                  block, position, trace_[position]);
     spdlog::warn("{}", last_warning_);
     // What was prefetched for the old order is of no use now.
     for (size_t p = 0; p < params_.size(); ++p) {

@@ -68,7 +68,7 @@ class ParamFetcher {
 };
 
 struct CoordinatorConfig {
-  uint64_t prefetch_bucket_size = 50'000'000;   // stage3_prefetch_bucket_size (elements)
+  uint64_t prefetch_bucket_size = 50'000'000;    // stage3_prefetch_bucket_size (elements)
   uint64_t max_live_parameters = 1'000'000'000;  // stage3_max_live_parameters
   uint64_t max_reuse_distance = 1'000'000'000;   // stage3_max_reuse_distance
 };
@@ -150,14 +150,15 @@ class ParamCoordinator {
   std::vector<std::vector<size_t>> blocks_;  // distinct params per block
   ParamFetcher& fetcher_;
 
-  std::vector<size_t> trace_;      // recorded block order of a pass
-  std::vector<uint64_t> elements_before_;  // per trace position: non-persistent elements used before it
-  std::vector<size_t> current_;    // this pass's block order so far
+  std::vector<size_t> trace_;  // recorded block order of a pass
+  std::vector<uint64_t>
+      elements_before_;          // per trace position: non-persistent elements used before it
+  std::vector<size_t> current_;  // this pass's block order so far
   bool in_pass_ = false;
-  bool record_ = true;             // this pass follows and updates the recording
-  bool replay_ = false;            // a recording exists
-  bool diverged_ = false;          // this pass left the recording
-  size_t position_ = 0;            // trace position of the block entered last
+  bool record_ = true;     // this pass follows and updates the recording
+  bool replay_ = false;    // a recording exists
+  bool diverged_ = false;  // this pass left the recording
+  size_t position_ = 0;    // trace position of the block entered last
   std::string last_warning_;
   CoordinatorStats stats_;
 };

@@ -39,15 +39,25 @@ ParamStore::ParamStore(const Options& options, const PartitionLayout& layout,
   h2d_ = accelerator_.create_stream();
   params_.resize(layout_params.size());
   size_t max_chunks = 0;
+  uint64_t max_slice = 0;
   for (size_t m = 0; m < params_.size(); ++m) {
     const ParamSlice& s = layout_.slice(layout_params[m]);
     params_[m].layout_index = layout_params[m];
     params_[m].numel = s.numel;
     params_[m].slice_numel = s.slice_numel;
     max_chunks = std::max(max_chunks, chunks_of(params_[m]));
+    max_slice = std::max(max_slice, s.slice_numel);
   }
   if (swapper_ != nullptr) {
     const size_t count = swapper_->config().buffer_count;
+    if (max_chunks > count) {
+      throw ZeroError(fmt::format(
+          "offload_param: the largest parameter slice ({} elements) needs {} pinned buffers of "
+          "offload_param.buffer_size = {} elements, but offload_param.buffer_count is {}: "
+          "raise buffer_count to {} or buffer_size to {}",
+          max_slice, max_chunks, swapper_->config().buffer_size, count, max_chunks,
+          (max_slice + count - 1) / count));
+    }
     read_ahead_buffers_ = count > max_chunks ? count - max_chunks : 0;
   }
 }
@@ -220,10 +230,16 @@ void ParamStore::start_copy(size_t m) {
   } else {
     const bool in_cpu = swapper_->in_cpu(p.swap_id);
     if (!in_cpu && !p.swapped_in) {
-      // Make room among reads ahead that have not been copied yet (latest first), so the
-      // swap-in below cannot wait for buffers only this thread could give back.
+      // The swap-in below must not wait for buffers only this thread can give back: first
+      // let copies in flight finish (their buffers return), then drop reads ahead that
+      // have not been copied yet (latest first).
       const size_t chunks = chunks_of(p);
       const size_t count = swapper_->config().buffer_count;
+      for (size_t other = 0; other < params_.size() && held_buffers_ + chunks > count; ++other) {
+        if (params_[other].swapped_in && params_[other].copy_started) {
+          wait_copy(params_[other]);
+        }
+      }
       for (size_t other = params_.size(); other-- > 0 && held_buffers_ + chunks > count;) {
         if (params_[other].swapped_in && !params_[other].copy_started) {
           drop_swap(params_[other]);

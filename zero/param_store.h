@@ -43,10 +43,10 @@
 namespace zinf::zero {
 
 struct ParamStoreStats {
-  uint64_t gathers = 0;          // all-gathers issued
-  uint64_t gathered_bytes = 0;   // bytes received by them
-  uint64_t h2d_bytes = 0;        // host->device bytes copied
-  double wait_seconds = 0.0;     // time the driving thread blocked for reads, copies, gathers
+  uint64_t gathers = 0;              // all-gathers issued
+  uint64_t gathered_bytes = 0;       // bytes received by them
+  uint64_t h2d_bytes = 0;            // host->device bytes copied
+  double wait_seconds = 0.0;         // time the driving thread blocked for reads, copies, gathers
   double gather_wait_seconds = 0.0;  // of which: waiting for all-gathers
 };
 
@@ -102,17 +102,17 @@ class ParamStore final : public ParamFetcher {
     size_t layout_index = 0;
     uint64_t numel = 0;
     uint64_t slice_numel = 0;
-    offload::DeviceBuffer device_slice;   // tier none: resident; else the copy in flight
-    aio::PinnedBuffer host_slice;          // tier cpu (pinned)
+    offload::DeviceBuffer device_slice;        // tier none: resident; else the copy in flight
+    aio::PinnedBuffer host_slice;              // tier cpu (pinned)
     std::unique_ptr<std::byte[]> plain_slice;  // tier cpu without pin_memory
-    offload::ParamId swap_id = 0;          // tier nvme
-    bool swapped_in = false;               // the swapper holds its pool buffers
+    offload::ParamId swap_id = 0;              // tier nvme
+    bool swapped_in = false;                   // the swapper holds its pool buffers
     bool read_started = false;
     bool copy_started = false;
     std::unique_ptr<offload::Event> copied;  // recorded after the H2D copy
-    offload::DeviceBuffer full;            // the gathered param (world size > 1)
+    offload::DeviceBuffer full;              // the gathered param (world size > 1)
     WorkPtr gather;
-    bool gathered = false;                 // wait_gathered() done
+    bool gathered = false;  // wait_gathered() done
   };
 
   [[nodiscard]] uint64_t slice_bytes(const Param& p) const noexcept {

@@ -13,8 +13,8 @@ PartitionLayout::PartitionLayout(const std::vector<uint64_t>& numels, int world_
                                 " must be at least 1");
   }
   if (rank < 0 || rank >= world_size) {
-    throw std::invalid_argument("partition: rank " + std::to_string(rank) +
-                                " is outside [0, " + std::to_string(world_size) + ")");
+    throw std::invalid_argument("partition: rank " + std::to_string(rank) + " is outside [0, " +
+                                std::to_string(world_size) + ")");
   }
   if (sub_group_size == 0) {
     throw std::invalid_argument("zero_optimization.sub_group_size must be > 0");
@@ -25,8 +25,7 @@ PartitionLayout::PartitionLayout(const std::vector<uint64_t>& numels, int world_
   for (size_t i = 0; i < numels.size(); ++i) {
     const uint64_t n = numels[i];
     if (n == 0) {
-      throw std::invalid_argument("partition: parameter " + std::to_string(i) +
-                                  " has no elements");
+      throw std::invalid_argument("partition: parameter " + std::to_string(i) + " has no elements");
     }
     ParamSlice s;
     s.numel = n;

@@ -32,8 +32,7 @@ constexpr OptimizerState kMomentStates[] = {OptimizerState::kGrads, OptimizerSta
 
 }  // namespace
 
-PartitionedOptimizer::PartitionedOptimizer(const PartitionLayout& layout,
-                                           const ZeroConfig& config,
+PartitionedOptimizer::PartitionedOptimizer(const PartitionLayout& layout, const ZeroConfig& config,
                                            optimizer_cpu::Optimizer& optimizer,
                                            offload::NvmeStore* store,
                                            offload::Accelerator* accelerator, Communicator& comm,
@@ -115,8 +114,8 @@ void PartitionedOptimizer::append_master(const float* data, uint64_t numel) {
 
 void PartitionedOptimizer::finish_master() {
   if (appended_ != layout_.partition_numel()) {
-    throw ZeroError(fmt::format("optimizer init: {} of {} partition elements were given",
-                                appended_, layout_.partition_numel()));
+    throw ZeroError(fmt::format("optimizer init: {} of {} partition elements were given", appended_,
+                                layout_.partition_numel()));
   }
   for (OptimizerState state : kMomentStates) {
     if (!swapper_->has_state(state)) {
@@ -160,8 +159,8 @@ void PartitionedOptimizer::begin_micro_batch(int micro_batch) {
 void PartitionedOptimizer::accumulate(uint64_t offset, const void* grads, DType dtype,
                                       uint64_t numel, float scale) {
   if (offset > layout_.partition_numel() || numel > layout_.partition_numel() - offset) {
-    throw ZeroError(fmt::format("gradient of {} elements at {} exceeds the partition of {}",
-                                numel, offset, layout_.partition_numel()));
+    throw ZeroError(fmt::format("gradient of {} elements at {} exceeds the partition of {}", numel,
+                                offset, layout_.partition_numel()));
   }
   const size_t element = dtype_size(dtype);
   const auto* src = static_cast<const std::byte*>(grads);

@@ -43,11 +43,11 @@
 namespace zinf::zero {
 
 struct OptimizerStepOutcome {
-  bool skipped = false;         // NaN/Inf in the gradients: no state was changed
-  double grad_norm = 0.0;       // global L2 norm of the unscaled gradients
-  uint64_t nonfinite = 0;       // NaN/Inf gradient elements over all ranks
+  bool skipped = false;    // NaN/Inf in the gradients: no state was changed
+  double grad_norm = 0.0;  // global L2 norm of the unscaled gradients
+  uint64_t nonfinite = 0;  // NaN/Inf gradient elements over all ranks
   double clip_coefficient = 1.0;
-  double seconds = 0.0;         // wall time of the update
+  double seconds = 0.0;  // wall time of the update
 };
 
 class PartitionedOptimizer {
@@ -58,8 +58,7 @@ class PartitionedOptimizer {
   // the tier cannot be set up (buffer_count, free space).
   PartitionedOptimizer(const PartitionLayout& layout, const ZeroConfig& config,
                        optimizer_cpu::Optimizer& optimizer, offload::NvmeStore* store,
-                       offload::Accelerator* accelerator, Communicator& comm,
-                       bool norm_is_global);
+                       offload::Accelerator* accelerator, Communicator& comm, bool norm_is_global);
   ~PartitionedOptimizer();
 
   PartitionedOptimizer(const PartitionedOptimizer&) = delete;
@@ -89,8 +88,8 @@ class PartitionedOptimizer {
   [[nodiscard]] uint64_t pinned_bytes() const noexcept;
 
  private:
-  void stage(size_t sub_group);     // make `sub_group` the staged one
-  void flush_staged();              // hand the staged sub-group to the writer
+  void stage(size_t sub_group);  // make `sub_group` the staged one
+  void flush_staged();           // hand the staged sub-group to the writer
   void wait_write();
   void measure(size_t sub_group, const float* grads, uint64_t numel);
 
@@ -114,8 +113,8 @@ class PartitionedOptimizer {
   std::vector<bool> touched_;        // touched during this micro-batch
   aio::PinnedBuffer staging_[2];     // nvme: fp32, one sub-group each
   int staged_slot_ = 0;
-  long staged_ = -1;                 // sub-group in staging_[staged_slot_], or -1
-  std::future<void> write_;          // background write of the other slot
+  long staged_ = -1;         // sub-group in staging_[staged_slot_], or -1
+  std::future<void> write_;  // background write of the other slot
 };
 
 }  // namespace zinf::zero

@@ -27,16 +27,18 @@ void set_rng_state(const at::Tensor& state) {
   generator.set_state(state);
 }
 
-// The block's forward without a graph, and its recomputation in backward. The block's
-// parameters are explicit inputs, so autograd calls backward even when `x` needs no
-// gradient; their gradients go to the ZeroModel, not to autograd (undefined outputs).
+// The block's forward without a graph, and its recomputation in backward. `trigger` is a
+// scalar that requires grad, so autograd calls backward even when `x` needs no gradient.
+// The parameters are not inputs: at stage 3 they are empty tensors during forward, and an
+// input would fix the shape autograd expects for their gradients to [0]. Their gradients
+// come from the recomputed graph and go to the ZeroModel, never to `.grad`.
 struct BlockFunction : public torch::autograd::Function<BlockFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t block_address,
-                               at::TensorList params) {
+                               const torch::Tensor& trigger) {
+    (void)trigger;
     auto* block = reinterpret_cast<ZeroBlockImpl*>(block_address);
     ZeroModel& model = *block->model();
     ctx->saved_data["block"] = block_address;
-    ctx->saved_data["params"] = static_cast<int64_t>(params.size());
     ctx->saved_data["rng"] = rng_state();
     model.enter_block(block->id());
     torch::Tensor out;
@@ -53,7 +55,6 @@ struct BlockFunction : public torch::autograd::Function<BlockFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     auto* block = reinterpret_cast<ZeroBlockImpl*>(ctx->saved_data["block"].toInt());
-    const int64_t param_count = ctx->saved_data["params"].toInt();
     ZeroModel& model = *block->model();
     const torch::Tensor x = ctx->get_saved_variables()[0];
     const bool x_needs_grad = x.requires_grad();
@@ -109,14 +110,7 @@ struct BlockFunction : public torch::autograd::Function<BlockFunction> {
     }
     model.leave_block(block->id());
 
-    variable_list result;
-    result.reserve(2 + static_cast<size_t>(param_count));
-    result.push_back(grad_x);
-    result.emplace_back();  // block address
-    for (int64_t k = 0; k < param_count; ++k) {
-      result.emplace_back();
-    }
-    return result;
+    return {grad_x, torch::Tensor(), torch::Tensor()};  // x, block address, trigger
   }
 };
 
@@ -138,8 +132,10 @@ torch::Tensor ZeroBlockImpl::forward(const torch::Tensor& x) {
   if (model_ == nullptr) {
     return forward_(x);
   }
-  const std::vector<torch::Tensor>& params = model_->block_tensors(id_);
-  return BlockFunction::apply(x, reinterpret_cast<int64_t>(this), at::TensorList(params));
+  if (!trigger_.defined()) {
+    trigger_ = torch::zeros({}, torch::TensorOptions().requires_grad(true));
+  }
+  return BlockFunction::apply(x, reinterpret_cast<int64_t>(this), trigger_);
 }
 
 }  // namespace zinf::zero

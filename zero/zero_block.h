@@ -41,6 +41,8 @@ class ZeroBlockImpl : public torch::nn::Module {
       : inner_(module), forward_([module](const torch::Tensor& x) { return module->forward(x); }) {
     adopt();
   }
+  template <typename M>
+  explicit ZeroBlockImpl(torch::nn::ModuleHolder<M> module) : ZeroBlockImpl(module.ptr()) {}
 
   torch::Tensor forward(const torch::Tensor& x);
 
@@ -64,6 +66,7 @@ class ZeroBlockImpl : public torch::nn::Module {
   std::function<torch::Tensor(const torch::Tensor&)> forward_;
   ZeroModel* model_ = nullptr;
   size_t id_ = 0;
+  torch::Tensor trigger_;  // a scalar requiring grad: makes autograd call the block's backward
 };
 
 TORCH_MODULE(ZeroBlock);

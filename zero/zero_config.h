@@ -25,9 +25,9 @@ enum class OffloadTarget : uint8_t { kNone, kCpu, kNvme };
 struct LossScaleConfig {
   // fp16 block: loss_scale 0 = dynamic, > 0 static.
   double loss_scale = 0.0;
-  int initial_scale_power = 16;  // dynamic scaling starts at 2^initial_scale_power
-  int loss_scale_window = 1000;  // steps without overflow before the scale doubles
-  int hysteresis = 2;            // overflows tolerated before the scale is lowered
+  int initial_scale_power = 16;         // dynamic scaling starts at 2^initial_scale_power
+  int loss_scale_window = 1000;         // steps without overflow before the scale doubles
+  int hysteresis = 2;                   // overflows tolerated before the scale is lowered
   bool consecutive_hysteresis = false;  // refill hysteresis after each good step
   double min_loss_scale = 1.0;
 };
@@ -35,14 +35,14 @@ struct LossScaleConfig {
 struct ZeroConfig {
   int stage = 0;  // zero_optimization.stage: 0, 1, 2, 3
   Precision precision = Precision::kFloat32;
-  LossScaleConfig loss_scale;     // used when precision is fp16
+  LossScaleConfig loss_scale;      // used when precision is fp16
   double gradient_clipping = 0.0;  // max global L2 norm; 0 = off
 
   // Gradient reduction.
-  bool reduce_scatter = true;              // false: all-reduce, then keep the own slice
+  bool reduce_scatter = true;                 // false: all-reduce, then keep the own slice
   uint64_t reduce_bucket_size = 500'000'000;  // elements per reduction bucket
-  bool overlap_comm = true;                // reduce while backward runs
-  bool contiguous_gradients = true;        // accepted; grads are always bucketed
+  bool overlap_comm = true;                   // reduce while backward runs
+  bool contiguous_gradients = true;           // accepted; grads are always bucketed
   // communication_data_type: "" (the grads' own type), "fp32", "fp16", "bf16".
   std::string communication_data_type;
   int gradient_accumulation_steps = 1;
@@ -51,16 +51,16 @@ struct ZeroConfig {
   uint64_t sub_group_size = 1'000'000'000;
 
   // Stage 3.
-  uint64_t prefetch_bucket_size = 50'000'000;          // stage3_prefetch_bucket_size
-  uint64_t param_persistence_threshold = 100'000;      // stage3_param_persistence_threshold
-  uint64_t model_persistence_threshold = UINT64_MAX;   // stage3_model_persistence_threshold
-  uint64_t max_live_parameters = 1'000'000'000;        // stage3_max_live_parameters
-  uint64_t max_reuse_distance = 1'000'000'000;         // stage3_max_reuse_distance
+  uint64_t prefetch_bucket_size = 50'000'000;         // stage3_prefetch_bucket_size
+  uint64_t param_persistence_threshold = 100'000;     // stage3_param_persistence_threshold
+  uint64_t model_persistence_threshold = UINT64_MAX;  // stage3_model_persistence_threshold
+  uint64_t max_live_parameters = 1'000'000'000;       // stage3_max_live_parameters
+  uint64_t max_reuse_distance = 1'000'000'000;        // stage3_max_reuse_distance
 
   // offload_param (stage 3 only).
   OffloadTarget offload_param = OffloadTarget::kNone;
-  size_t param_buffer_count = 5;             // offload_param.buffer_count
-  uint64_t param_buffer_size = 100'000'000;  // offload_param.buffer_size (elements)
+  size_t param_buffer_count = 5;              // offload_param.buffer_count
+  uint64_t param_buffer_size = 100'000'000;   // offload_param.buffer_size (elements)
   uint64_t param_max_in_cpu = 1'000'000'000;  // offload_param.max_in_cpu (elements)
 
   // offload_optimizer.

@@ -62,8 +62,8 @@ ZeroModel::ZeroModel(torch::nn::Module& root, const ZeroConfig& config,
       cpu_optimizer_(optimizer),
       dtype_(dtype_of(config.precision)) {
   if (config_.stage < 0 || config_.stage > 3) {
-    throw ZeroError(fmt::format("zero_optimization.stage must be 0, 1, 2 or 3, not {}",
-                                config_.stage));
+    throw ZeroError(
+        fmt::format("zero_optimization.stage must be 0, 1, 2 or 3, not {}", config_.stage));
   }
   if (config_.offload_param != OffloadTarget::kNone && config_.stage != 3) {
     throw ZeroError(fmt::format(
@@ -107,14 +107,15 @@ void ZeroModel::collect(torch::nn::Module& root) {
   for (const auto& item : root.named_modules("", /*include_self=*/true)) {
     if (auto* block = dynamic_cast<ZeroBlockImpl*>(item.value().get())) {
       if (block->model() != nullptr) {
-        throw ZeroError(fmt::format("block \"{}\" is already attached to another ZeroModel",
-                                    item.key()));
+        throw ZeroError(
+            fmt::format("block \"{}\" is already attached to another ZeroModel", item.key()));
       }
       for (const std::string& path : block_paths) {
         if (under(item.key(), path)) {
-          throw ZeroError(fmt::format("block \"{}\" is nested in block \"{}\": blocks must not "
-                                      "contain blocks",
-                                      item.key(), path));
+          throw ZeroError(
+              fmt::format("block \"{}\" is nested in block \"{}\": blocks must not "
+                          "contain blocks",
+                          item.key(), path));
         }
       }
       blocks_.push_back(Block{block, {}, {}});
@@ -295,9 +296,8 @@ void ZeroModel::partition(const Initializer& initializer) {
     cc.prefetch_bucket_size = config_.prefetch_bucket_size;
     cc.max_live_parameters = config_.max_live_parameters;
     cc.max_reuse_distance = config_.max_reuse_distance;
-    coordinator_ = std::make_unique<ParamCoordinator>(cc, std::move(numels_managed),
-                                                      std::move(block_params),
-                                                      std::move(persistent), *store_);
+    coordinator_ = std::make_unique<ParamCoordinator>(
+        cc, std::move(numels_managed), std::move(block_params), std::move(persistent), *store_);
     store_->set_callbacks(
         [this](size_t m, void* data) {
           Param& p = params_[managed_[m]];
@@ -312,8 +312,8 @@ void ZeroModel::partition(const Initializer& initializer) {
         });
   }
 
-  reducer_ = std::make_unique<GradReducer>(*layout_, config_, comm_, dtype_, *optimizer_,
-                                           accelerator_);
+  reducer_ =
+      std::make_unique<GradReducer>(*layout_, config_, comm_, dtype_, *optimizer_, accelerator_);
   outside_grad_seen_.assign(params_.size(), false);
   for (size_t i : trainable_) {
     Param& p = params_[i];
@@ -442,7 +442,7 @@ void ZeroModel::add_grad(size_t param_index, const torch::Tensor& grad) {
   } else {
     g = grad.to(scalar_type(dtype_)).contiguous();
     if (static_cast<uint64_t>(g.numel()) != p.numel) {
-      throw ZeroError(fmt::format("parameter "{}": a gradient of {} elements for {}", p.name,
+      throw ZeroError(fmt::format("parameter \"{}\": a gradient of {} elements for {}", p.name,
                                   g.numel(), p.numel));
     }
   }
@@ -456,9 +456,10 @@ OptimizerStepOutcome ZeroModel::step(int64_t step, double loss_scale) {
   if (coordinator_) {
     coordinator_->release_all();  // the slices are about to change
   }
-  const OptimizerStepOutcome outcome = optimizer_->step(
-      step, loss_scale,
-      [this](uint64_t offset, const void* data, uint64_t numel) { write_updated(offset, data, numel); });
+  const OptimizerStepOutcome outcome =
+      optimizer_->step(step, loss_scale, [this](uint64_t offset, const void* data, uint64_t numel) {
+        write_updated(offset, data, numel);
+      });
   if (!outcome.skipped) {
     gather_resident();
   }
@@ -470,19 +471,21 @@ void ZeroModel::write_updated(uint64_t offset, const void* data, uint64_t numel)
   const auto* src = static_cast<const std::byte*>(data);
   const uint64_t own = config_.stage == 0 ? 0 : static_cast<uint64_t>(comm_.rank());
   bool copied = false;
-  layout_->for_each_overlap(offset, numel, [&](size_t lp, uint64_t slice_offset,
-                                               uint64_t partition_offset, uint64_t count) {
-    Param& p = params_[trainable_[lp]];
-    const std::byte* piece = src + (partition_offset - offset) * element;
-    if (p.managed >= 0) {
-      store_->write_slice(static_cast<size_t>(p.managed), slice_offset, piece, count);
-      return;
-    }
-    const uint64_t slice = layout_->slice(lp).slice_numel;
-    auto* dst = static_cast<std::byte*>(p.storage.data()) + (own * slice + slice_offset) * element;
-    accelerator_.copy_to_device(dst, piece, count * element, *copy_stream_);
-    copied = true;
-  });
+  layout_->for_each_overlap(
+      offset, numel,
+      [&](size_t lp, uint64_t slice_offset, uint64_t partition_offset, uint64_t count) {
+        Param& p = params_[trainable_[lp]];
+        const std::byte* piece = src + (partition_offset - offset) * element;
+        if (p.managed >= 0) {
+          store_->write_slice(static_cast<size_t>(p.managed), slice_offset, piece, count);
+          return;
+        }
+        const uint64_t slice = layout_->slice(lp).slice_numel;
+        auto* dst =
+            static_cast<std::byte*>(p.storage.data()) + (own * slice + slice_offset) * element;
+        accelerator_.copy_to_device(dst, piece, count * element, *copy_stream_);
+        copied = true;
+      });
   if (copied) {
     copy_stream_->synchronize();  // `data` is valid only during this call
   }
@@ -525,13 +528,12 @@ std::vector<torch::Tensor> ZeroModel::gather_master() {
   for (size_t g = 0; g < groups.size(); ++g) {
     buffer.resize(groups[g].numel);
     optimizer_->swapper().read_sub_group(offload::OptimizerState::kParams, g, buffer.data());
-    layout_->for_each_overlap(groups[g].offset, groups[g].numel,
-                              [&](size_t lp, uint64_t slice_offset, uint64_t partition_offset,
-                                  uint64_t count) {
-                                std::memcpy(slices[lp].data() + slice_offset,
-                                            buffer.data() + (partition_offset - groups[g].offset),
-                                            count * sizeof(float));
-                              });
+    layout_->for_each_overlap(
+        groups[g].offset, groups[g].numel,
+        [&](size_t lp, uint64_t slice_offset, uint64_t partition_offset, uint64_t count) {
+          std::memcpy(slices[lp].data() + slice_offset,
+                      buffer.data() + (partition_offset - groups[g].offset), count * sizeof(float));
+        });
   }
   std::vector<torch::Tensor> result(params_.size());
   const int world = layout_->world_size();

@@ -76,11 +76,11 @@ class ZeroModel {
     std::vector<int64_t> shape;
     uint64_t numel = 0;
     bool trainable = true;
-    std::vector<size_t> blocks;  // blocks that use it
-    bool outside_use = false;    // used by a module outside every block
-    long layout_index = -1;      // trainable: index in layout()
-    long managed = -1;           // stage 3 managed: index in the param store
-    torch::Tensor var;           // the model's parameter
+    std::vector<size_t> blocks;     // blocks that use it
+    bool outside_use = false;       // used by a module outside every block
+    long layout_index = -1;         // trainable: index in layout()
+    long managed = -1;              // stage 3 managed: index in the param store
+    torch::Tensor var;              // the model's parameter
     offload::DeviceBuffer storage;  // resident: padded full tensor
   };
 

@@ -1,0 +1,363 @@
+// ParamCoordinator on synthetic traces, with a fake ParamFetcher that records every call and
+// checks the coordinator's promises at each one: levels in order, the live limit never
+// exceeded, a block's parameters usable when enter() returns.
+
+#include "zero/param_coordinator.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/common/seed.h"
+#include "zero/error.h"
+
+namespace zinf::zero {
+namespace {
+
+struct Event {
+  char kind;  // 'r' read, 'c' copy, 'g' gather, 'w' wait, 'x' release
+  size_t param;
+};
+
+class FakeFetcher : public ParamFetcher {
+ public:
+  FakeFetcher(std::vector<uint64_t> numels, std::vector<bool> persistent, uint64_t max_live)
+      : numels_(std::move(numels)), persistent_(std::move(persistent)), max_live_(max_live) {
+    level_.assign(numels_.size(), 0);
+    waited_.assign(numels_.size(), false);
+  }
+
+  bool start_read(size_t p) override {
+    record('r', p);
+    EXPECT_EQ(level_[p], 0) << "read of param " << p << " twice";
+    if (reads_left_ == 0) {
+      return false;
+    }
+    if (reads_left_ > 0) {
+      --reads_left_;
+    }
+    level_[p] = 1;
+    return true;
+  }
+  void start_copy(size_t p) override {
+    record('c', p);
+    EXPECT_LE(level_[p], 1) << "copy of param " << p << " out of order";
+    level_[p] = 2;
+  }
+  void start_gather(size_t p) override {
+    record('g', p);
+    EXPECT_EQ(level_[p], 2) << "gather of param " << p << " before its copy";
+    level_[p] = 3;
+    ++gathers_[p];
+    if (!persistent_[p]) {
+      live_ += numels_[p];
+      high_water_ = std::max(high_water_, live_);
+      EXPECT_LE(live_, max_live_) << "live limit exceeded by the gather of param " << p;
+    }
+  }
+  void wait_gathered(size_t p) override {
+    record('w', p);
+    EXPECT_EQ(level_[p], 3) << "wait for param " << p << " that was not gathered";
+    waited_[p] = true;
+  }
+  void release(size_t p) override {
+    record('x', p);
+    EXPECT_GT(level_[p], 0) << "release of param " << p << " that holds nothing";
+    if (level_[p] == 3 && !persistent_[p]) {
+      live_ -= numels_[p];
+    }
+    level_[p] = 0;
+    waited_[p] = false;
+    if (level_[p] == 1) --reads_held_;
+  }
+
+  // The block's params are gathered and waited for (checked after enter()).
+  void expect_usable(const std::vector<size_t>& params) const {
+    for (size_t p : params) {
+      EXPECT_EQ(level_[p], 3) << "param " << p << " not gathered after enter()";
+      EXPECT_TRUE(waited_[p]) << "param " << p << " not waited for after enter()";
+    }
+  }
+
+  std::vector<Event> events;
+  std::vector<int> level_;  // 0 none, 1 read, 2 copied, 3 gathered
+  std::map<size_t, int> gathers_;
+  uint64_t live_ = 0;
+  uint64_t high_water_ = 0;
+  long reads_left_ = -1;  // -1: unlimited pinned buffers
+  long reads_held_ = 0;
+
+ private:
+  void record(char kind, size_t p) { events.push_back({kind, p}); }
+
+  std::vector<uint64_t> numels_;
+  std::vector<bool> persistent_;
+  uint64_t max_live_;
+  std::vector<bool> waited_;
+};
+
+// A model of `blocks` blocks with `per_block` params each (param ids consecutive), sizes
+// from `sizes` cycled.
+struct Model {
+  std::vector<uint64_t> numels;
+  std::vector<std::vector<size_t>> blocks;
+  std::vector<bool> persistent;
+
+  Model(size_t block_count, size_t per_block, std::vector<uint64_t> sizes) {
+    for (size_t b = 0; b < block_count; ++b) {
+      blocks.emplace_back();
+      for (size_t k = 0; k < per_block; ++k) {
+        blocks.back().push_back(numels.size());
+        numels.push_back(sizes[numels.size() % sizes.size()]);
+      }
+    }
+    persistent.assign(numels.size(), false);
+  }
+  std::vector<size_t> forward_backward() const {
+    std::vector<size_t> trace(blocks.size());
+    std::iota(trace.begin(), trace.end(), 0);
+    for (size_t b = blocks.size(); b-- > 0;) trace.push_back(b);
+    return trace;
+  }
+};
+
+void run_pass(ParamCoordinator& c, FakeFetcher& f, const Model& m,
+              const std::vector<size_t>& trace) {
+  c.begin_pass();
+  for (size_t b : trace) {
+    c.enter(b);
+    f.expect_usable(m.blocks[b]);
+    c.leave(b);
+  }
+  c.end_pass();
+}
+
+TEST(ParamCoordinator, FirstPassFetchesOnDemandAndReleasesEverything) {
+  Model m(4, 2, {100});
+  CoordinatorConfig config{300, 10'000, 0};
+  FakeFetcher f(m.numels, m.persistent, config.max_live_parameters);
+  ParamCoordinator c(config, m.numels, m.blocks, m.persistent, f);
+  c.begin_pass();
+  for (size_t b : m.forward_backward()) {
+    const size_t before = f.events.size();
+    c.enter(b);
+    // Only this block's params were touched: no prefetch without a recorded trace.
+    for (size_t i = before; i < f.events.size(); ++i) {
+      EXPECT_NE(std::find(m.blocks[b].begin(), m.blocks[b].end(), f.events[i].param),
+                m.blocks[b].end())
+          << "param " << f.events[i].param << " touched while entering block " << b;
+    }
+    c.leave(b);
+    EXPECT_EQ(f.live_, 0u) << "params kept after leaving block " << b << " in the first pass";
+  }
+  c.end_pass();
+  EXPECT_EQ(c.stats().prefetched, 0u);
+  EXPECT_EQ(c.stats().on_demand, 16u);  // 8 params, forward and backward
+  EXPECT_EQ(c.recorded_trace(), m.forward_backward());
+}
+
+TEST(ParamCoordinator, ReplayPrefetchesTheNextBlocksInTraceOrderWithinTheBucket) {
+  Model m(6, 2, {100});
+  CoordinatorConfig config{250, 100'000, 0};  // reuse distance 0: only immediate reuse
+  FakeFetcher f(m.numels, m.persistent, config.max_live_parameters);
+  ParamCoordinator c(config, m.numels, m.blocks, m.persistent, f);
+  const std::vector<size_t> trace = m.forward_backward();
+  run_pass(c, f, m, trace);
+  f.events.clear();
+  c.begin_pass();
+  c.enter(0);
+  // Entering block 0 gathers its params, then prefetches ahead: gathers for elements < 250
+  // ahead (block 1's two params and, crossing the bucket, block 2's first), copies for
+  // < 500 ahead, reads for < 1000 ahead; reads first, then copies, then gathers.
+  std::vector<size_t> gathered_ahead;
+  size_t last_read = 0, first_copy_ahead = SIZE_MAX, last_copy = 0, first_gather_ahead = SIZE_MAX;
+  for (size_t i = 0; i < f.events.size(); ++i) {
+    const Event& e = f.events[i];
+    const bool ahead = e.param >= 2;
+    if (!ahead) continue;
+    if (e.kind == 'r') last_read = i;
+    if (e.kind == 'c') {
+      first_copy_ahead = std::min(first_copy_ahead, i);
+      last_copy = i;
+    }
+    if (e.kind == 'g') {
+      first_gather_ahead = std::min(first_gather_ahead, i);
+      gathered_ahead.push_back(e.param);
+    }
+  }
+  EXPECT_EQ(gathered_ahead, (std::vector<size_t>{2, 3, 4}));
+  EXPECT_LT(last_read, first_copy_ahead) << "a copy ahead was issued before all reads ahead";
+  EXPECT_LT(last_copy, first_gather_ahead) << "a gather ahead was issued before all copies";
+  EXPECT_EQ(c.stats().prefetched, 3u);
+  // Entering block 1 needs no new gather.
+  const size_t gathers_before = c.stats().on_demand;
+  c.leave(0);
+  c.enter(1);
+  EXPECT_EQ(c.stats().on_demand, gathers_before) << "block 1 was not prefetched";
+  c.leave(1);
+  for (size_t k = 2; k < trace.size(); ++k) {
+    c.enter(trace[k]);
+    f.expect_usable(m.blocks[trace[k]]);
+    c.leave(trace[k]);
+  }
+  c.end_pass();
+  EXPECT_EQ(f.live_, 0u);
+}
+
+TEST(ParamCoordinator, LiveLimitHoldsAtEveryEventOnRandomModels) {
+  const uint64_t seed = testing::test_seed();
+  ZINF_TRACE_SEED(seed);
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < 40; ++trial) {
+    std::vector<uint64_t> sizes;
+    for (int k = 0; k < 5; ++k) sizes.push_back(1 + rng() % 500);
+    Model m(2 + rng() % 8, 1 + rng() % 4, sizes);
+    for (size_t p = 0; p < m.persistent.size(); ++p) m.persistent[p] = rng() % 5 == 0;
+    uint64_t biggest_block = 0;
+    for (const auto& block : m.blocks) {
+      uint64_t total = 0;
+      for (size_t p : block) total += m.persistent[p] ? 0 : m.numels[p];
+      biggest_block = std::max(biggest_block, total);
+    }
+    CoordinatorConfig config{rng() % 2000, biggest_block + rng() % 1500, rng() % 3000};
+    FakeFetcher f(m.numels, m.persistent, config.max_live_parameters);
+    if (rng() % 2 == 0) f.reads_left_ = static_cast<long>(rng() % 4);
+    ParamCoordinator c(config, m.numels, m.blocks, m.persistent, f);
+    for (int pass = 0; pass < 3; ++pass) {
+      run_pass(c, f, m, m.forward_backward());
+      if (HasFailure()) {
+        FAIL() << "trial " << trial << " pass " << pass << " max_live "
+               << config.max_live_parameters << " bucket " << config.prefetch_bucket_size;
+      }
+    }
+    EXPECT_LE(c.stats().live_high_water, config.max_live_parameters);
+    EXPECT_EQ(c.stats().trace_changes, 0u);
+  }
+}
+
+TEST(ParamCoordinator, PersistentParamsAreGatheredOnceAndNotCountedAsLive) {
+  Model m(3, 2, {10, 1000});
+  m.persistent[0] = m.persistent[2] = m.persistent[4] = true;  // the small ones
+  CoordinatorConfig config{0, 1000, 0};  // room for one big param only, no prefetch
+  FakeFetcher f(m.numels, m.persistent, config.max_live_parameters);
+  ParamCoordinator c(config, m.numels, m.blocks, m.persistent, f);
+  for (int pass = 0; pass < 3; ++pass) run_pass(c, f, m, m.forward_backward());
+  for (size_t p : {0, 2, 4}) {
+    EXPECT_EQ(f.gathers_[p], 1) << "persistent param " << p << " gathered again";
+    EXPECT_EQ(f.level_[p], 3) << "persistent param " << p << " released";
+  }
+  EXPECT_EQ(c.stats().persistent_elements, 30u);
+  c.release_all();
+  EXPECT_EQ(f.level_[0], 0);
+  EXPECT_EQ(c.stats().persistent_elements, 0u);
+}
+
+TEST(ParamCoordinator, ReuseDistanceKeepsParamsUsedAgainSoon) {
+  // Blocks 0, 1, 2 with one param of 100 each; trace 0 1 2 2 1 0. Leaving block 1 in the
+  // forward, its next use comes after block 2 twice: 200 elements in between.
+  Model m(3, 1, {100});
+  for (uint64_t distance : {199u, 200u}) {
+    CoordinatorConfig config{0, 10'000, distance};
+    FakeFetcher f(m.numels, m.persistent, config.max_live_parameters);
+    ParamCoordinator c(config, m.numels, m.blocks, m.persistent, f);
+    run_pass(c, f, m, m.forward_backward());
+    f.gathers_.clear();
+    run_pass(c, f, m, m.forward_backward());
+    EXPECT_EQ(f.gathers_[2], 1) << "block 2 reused at distance 0 (limit " << distance << ")";
+    EXPECT_EQ(f.gathers_[1], distance >= 200 ? 1 : 2) << "limit " << distance;
+    EXPECT_EQ(f.gathers_[0], distance >= 400 ? 1 : 2) << "limit " << distance;
+  }
+}
+
+TEST(ParamCoordinator, TiedParamIsGatheredOnceForBothBlocks) {
+  // Param 0 in blocks 0 and 1; trace 0 1 1 0 with generous reuse.
+  std::vector<uint64_t> numels{50, 60, 70};
+  std::vector<std::vector<size_t>> blocks{{0, 1}, {2, 0}};
+  std::vector<bool> persistent(3, false);
+  CoordinatorConfig config{0, 1000, 1000};
+  FakeFetcher f(numels, persistent, 1000);
+  ParamCoordinator c(config, numels, blocks, persistent, f);
+  c.begin_pass();
+  c.enter(0);
+  c.leave(0);
+  c.enter(1);
+  EXPECT_EQ(f.gathers_[0], 2) << "first pass: released between blocks (no trace yet)";
+  c.leave(1);
+  c.end_pass();
+  f.gathers_.clear();
+  c.begin_pass();
+  for (size_t b : {0, 1}) {
+    c.enter(b);
+    c.leave(b);
+  }
+  c.end_pass();
+  EXPECT_EQ(f.gathers_[0], 1) << "replay: the tied param stayed gathered between its blocks";
+}
+
+TEST(ParamCoordinator, TraceChangeWarnsFallsBackAndRecordsTheNewOrder) {
+  Model m(4, 1, {100});
+  CoordinatorConfig config{1000, 10'000, 0};
+  FakeFetcher f(m.numels, m.persistent, config.max_live_parameters);
+  ParamCoordinator c(config, m.numels, m.blocks, m.persistent, f);
+  run_pass(c, f, m, {0, 1, 2, 3});
+  c.begin_pass();
+  c.enter(0);
+  EXPECT_GT(c.stats().prefetched, 0u);
+  c.leave(0);
+  c.enter(2);  // the recording says 1
+  EXPECT_EQ(c.stats().trace_changes, 1u);
+  EXPECT_NE(c.last_warning().find("block 2"), std::string::npos) << c.last_warning();
+  EXPECT_NE(c.last_warning().find("position 1"), std::string::npos) << c.last_warning();
+  EXPECT_NE(c.last_warning().find("has block 1"), std::string::npos) << c.last_warning();
+  f.expect_usable(m.blocks[2]);
+  const uint64_t prefetched = c.stats().prefetched;
+  c.leave(2);
+  c.enter(3);
+  c.leave(3);
+  EXPECT_EQ(c.stats().prefetched, prefetched) << "prefetch after the trace diverged";
+  c.end_pass();
+  EXPECT_EQ(f.live_, 0u);
+  EXPECT_EQ(c.recorded_trace(), (std::vector<size_t>{0, 2, 3}));
+  run_pass(c, f, m, {0, 2, 3});
+  EXPECT_EQ(c.stats().trace_changes, 1u);
+  EXPECT_GT(c.stats().prefetched, prefetched) << "the new order is replayed with prefetch";
+}
+
+TEST(ParamCoordinator, ABlockLargerThanTheLiveLimitIsRefusedWithTheNumbers) {
+  std::vector<uint64_t> numels{600, 500};
+  FakeFetcher f(numels, {false, false}, 1000);
+  try {
+    ParamCoordinator c(CoordinatorConfig{0, 1000, 0}, numels, {{0, 1}}, {false, false}, f);
+    FAIL() << "accepted";
+  } catch (const ZeroError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("1100"), std::string::npos) << message;
+    EXPECT_NE(message.find("stage3_max_live_parameters"), std::string::npos) << message;
+  }
+}
+
+TEST(ParamCoordinator, EvaluationPassesNeitherReplayNorRecord) {
+  Model m(3, 1, {100});
+  CoordinatorConfig config{1000, 10'000, 0};
+  FakeFetcher f(m.numels, m.persistent, config.max_live_parameters);
+  ParamCoordinator c(config, m.numels, m.blocks, m.persistent, f);
+  run_pass(c, f, m, m.forward_backward());
+  const std::vector<size_t> recorded = c.recorded_trace();
+  c.begin_pass(/*record=*/false);
+  for (size_t b : {0, 1, 2}) {
+    c.enter(b);
+    c.leave(b);
+  }
+  c.end_pass();
+  EXPECT_EQ(c.recorded_trace(), recorded);
+  EXPECT_EQ(c.stats().trace_changes, 0u);
+  EXPECT_EQ(f.live_, 0u);
+}
+
+}  // namespace
+}  // namespace zinf::zero

@@ -1,0 +1,298 @@
+// ZeroModel on one rank against plain LibTorch: every stage and offload choice must train
+// the small test model to the same parameters as torch::optim::AdamW (fp32, relative error
+// <= 1e-5), including gradient accumulation, clipping, tied parameters, sub-groups and swap
+// chunks that cut through parameters, and a step skipped on NaN gradients.
+
+#include "zero/zero_model.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "offload/cpu_accelerator.h"
+#include "optimizer_cpu/adam.h"
+#include "tests/common/seed.h"
+#include "tests/common/temp_dir.h"
+#include "tests/zero/test_model.h"
+#include "zero/comm/single_communicator.h"
+#include "zero/error.h"
+
+namespace zinf::zero {
+namespace {
+
+using testing::make_net;
+using testing::max_relative_error;
+using testing::NetShape;
+using testing::train_reference;
+using testing::train_zero;
+using testing::TrainOptions;
+
+optimizer_cpu::AdamConfig adam_config(const TrainOptions& o) {
+  optimizer_cpu::AdamConfig a;
+  a.lr = static_cast<float>(o.lr);
+  a.weight_decay = static_cast<float>(o.weight_decay);
+  a.adamw_mode = true;
+  return a;
+}
+
+struct Case {
+  std::string name;
+  ZeroConfig config;
+  NetShape shape;
+  TrainOptions train;
+};
+
+// Trains the reference and a ZeroModel with `c`, and compares losses and parameters.
+void check_parity(const Case& c, const std::string& nvme_dir) {
+  const uint64_t seed = ::zinf::testing::test_seed();
+  ZINF_TRACE_SEED(seed);
+  SCOPED_TRACE(c.name);
+  testing::Net ref = make_net(c.shape, seed);
+  const std::vector<double> expected = train_reference(ref, c.shape, c.train, seed);
+
+  testing::Net net = make_net(c.shape, seed);
+  ZeroConfig config = c.config;
+  config.gradient_accumulation_steps = c.train.micro_batches;
+  config.gradient_clipping = c.train.clip;
+  if (!nvme_dir.empty()) config.nvme_paths = {nvme_dir};
+  offload::CpuAccelerator accelerator(1ull << 30);
+  SingleCommunicator comm;
+  optimizer_cpu::AdamOptimizer adam(adam_config(c.train));
+  ZeroModel model(*net, config, accelerator, comm, adam);
+  const std::vector<double> got = train_zero(net, model, c.shape, c.train, seed);
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], expected[i], 1e-5 * std::abs(expected[i]) + 1e-7) << "step " << i;
+  }
+  max_relative_error(model.gather_master(), model.params(), ref);
+}
+
+TEST(ZeroModelParity, EveryStageMatchesPlainLibTorch) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    Case c{"stage " + std::to_string(stage), {}, {}, {}};
+    c.config.stage = stage;
+    check_parity(c, "");
+  }
+}
+
+TEST(ZeroModelParity, Stage3WithOptimizerOnCpu) {
+  Case c{"stage 3, offload_optimizer cpu", {}, {}, {}};
+  c.config.stage = 3;
+  c.config.offload_optimizer = OffloadTarget::kCpu;
+  c.config.offload_param = OffloadTarget::kCpu;
+  check_parity(c, "");
+}
+
+TEST(ZeroModelParity, Stage3WithParamsAndOptimizerOnNvme) {
+  ::zinf::testing::TempDir dir;
+  for (bool pipeline : {false, true}) {
+    Case c{pipeline ? "nvme, pipelined" : "nvme", {}, {}, {}};
+    c.config.stage = 3;
+    c.config.offload_optimizer = OffloadTarget::kNvme;
+    c.config.offload_param = OffloadTarget::kNvme;
+    c.config.pipeline_read = c.config.pipeline_write = pipeline;
+    c.config.sub_group_size = 97;     // sub-groups cut through parameters
+    c.config.param_buffer_size = 50;  // partitions split over several pool buffers
+    c.config.param_buffer_count = 8;
+    c.config.param_max_in_cpu = 150;            // a few small ones stay in CPU memory
+    c.config.param_persistence_threshold = 13;  // the scales
+    c.config.prefetch_bucket_size = 200;
+    c.config.aio.backend = aio::BackendKind::kPsync;
+    check_parity(c, dir.path());
+  }
+}
+
+TEST(ZeroModelParity, Stage3PrefetchUnderATightLiveLimit) {
+  Case c{"stage 3, live limit", {}, {}, {}};
+  c.config.stage = 3;
+  c.config.param_persistence_threshold = 0;
+  c.config.prefetch_bucket_size = 400;
+  c.config.max_live_parameters = 728 + 300;  // one block (728 elements) and a bit
+  c.config.max_reuse_distance = 300;
+  check_parity(c, "");
+}
+
+TEST(ZeroModelParity, GradientAccumulationMatchesOneLargeBatch) {
+  // Four micro-batches of 4 against the reference trained on the same 16 samples at once
+  // is the same as the reference with 4 accumulated micro-batches: both are checked.
+  for (int stage : {0, 3}) {
+    Case c{"accumulation, stage " + std::to_string(stage), {}, {}, {}};
+    c.config.stage = stage;
+    c.train.micro_batches = 4;
+    c.train.micro_batch_size = 4;
+    check_parity(c, "");
+  }
+  ::zinf::testing::TempDir dir;
+  Case c{"accumulation on nvme", {}, {}, {}};
+  c.config.stage = 3;
+  c.config.offload_optimizer = OffloadTarget::kNvme;
+  c.config.sub_group_size = 150;
+  c.config.aio.backend = aio::BackendKind::kPsync;
+  c.train.micro_batches = 4;
+  c.train.micro_batch_size = 4;
+  check_parity(c, dir.path());
+}
+
+TEST(ZeroModelParity, ClippingByTheGlobalNorm) {
+  ::zinf::testing::TempDir dir;
+  for (OffloadTarget target : {OffloadTarget::kNone, OffloadTarget::kNvme}) {
+    Case c{target == OffloadTarget::kNone ? "clip" : "clip on nvme", {}, {}, {}};
+    c.config.stage = 3;
+    c.config.offload_optimizer = target;
+    c.config.sub_group_size = 64;
+    c.config.aio.backend = aio::BackendKind::kPsync;
+    c.train.clip = 0.05;  // well below the norms of this model: every step is clipped
+    check_parity(c, dir.path());
+  }
+}
+
+TEST(ZeroModelParity, TiedParametersAreTrainedOnceWithSummedGradients) {
+  for (int stage : {0, 3}) {
+    Case c{"tied, stage " + std::to_string(stage), {}, {}, {}};
+    c.config.stage = stage;
+    c.config.param_persistence_threshold = 0;
+    c.shape.tie = true;
+    check_parity(c, "");
+  }
+}
+
+TEST(ZeroModel, TiedParameterIsOneParamWithAnAlias) {
+  NetShape shape;
+  shape.tie = true;
+  testing::Net net = make_net(shape, 1);
+  offload::CpuAccelerator accelerator(1ull << 30);
+  SingleCommunicator comm;
+  optimizer_cpu::AdamOptimizer adam;
+  ZeroConfig config;
+  config.stage = 3;
+  ZeroModel model(*net, config, accelerator, comm, adam);
+  int found = 0;
+  for (const ZeroModel::Param& p : model.params()) {
+    if (p.name == "layers.1.fc1.weight") {
+      ++found;
+      EXPECT_EQ(p.aliases, std::vector<std::string>{"layers.2.fc1.weight"});
+      EXPECT_EQ(p.blocks, (std::vector<size_t>{1, 2}));
+    }
+    EXPECT_NE(p.name, "layers.2.fc1.weight");
+  }
+  EXPECT_EQ(found, 1);
+}
+
+TEST(ZeroModel, Stage3ReleasesBlockParamsAndCountsTheHighWater) {
+  NetShape shape;
+  testing::Net net = make_net(shape, 3);
+  offload::CpuAccelerator accelerator(1ull << 30);
+  SingleCommunicator comm;
+  optimizer_cpu::AdamOptimizer adam;
+  ZeroConfig config;
+  config.stage = 3;
+  config.param_persistence_threshold = 0;
+  config.prefetch_bucket_size = 0;
+  config.max_reuse_distance = 0;  // only the last block, used again at once, is kept
+  ZeroModel model(*net, config, accelerator, comm, adam);
+  // Outside a step, block params hold no storage; the head (outside blocks) keeps its own.
+  EXPECT_EQ(net->layers[0]->named_parameters()["fc1.weight"].numel(), 0);
+  EXPECT_EQ(net->head->weight.numel(), shape.out * shape.dim);
+  TrainOptions o;
+  o.steps = 2;
+  train_zero(net, model, shape, o, 3);
+  const ZeroModelStats s = model.stats();
+  // One block's params at a time (no prefetch, no persistence, reuse of the last block).
+  const uint64_t block_elements = 2 * 13 * 26 + 26 + 13 + 13;  // fc1, fc2, scale
+  EXPECT_GE(s.coordinator.live_high_water, block_elements);
+  EXPECT_LE(s.coordinator.live_high_water, 2 * block_elements);
+  EXPECT_EQ(s.gathered_high_water_bytes, s.coordinator.live_high_water * 4);
+  EXPECT_EQ(net->layers[2]->named_parameters()["fc2.weight"].numel(), 0);
+}
+
+TEST(ZeroModel, NanGradientsSkipTheStepAndChangeNothing) {
+  NetShape shape;
+  testing::Net net = make_net(shape, 5);
+  offload::CpuAccelerator accelerator(1ull << 30);
+  SingleCommunicator comm;
+  optimizer_cpu::AdamOptimizer adam;
+  ZeroConfig config;
+  config.stage = 3;
+  ZeroModel model(*net, config, accelerator, comm, adam);
+  const std::vector<torch::Tensor> before = model.gather_master();
+  model.begin_micro_batch(0);
+  torch::Tensor x = torch::randn({4, shape.in});
+  x[0][0] = std::numeric_limits<float>::quiet_NaN();
+  torch::mse_loss(net->forward(x), torch::zeros({4, shape.out})).backward();
+  model.end_micro_batch();
+  const OptimizerStepOutcome outcome = model.step(1, 1.0);
+  EXPECT_TRUE(outcome.skipped);
+  EXPECT_GT(outcome.nonfinite, 0u);
+  const std::vector<torch::Tensor> after = model.gather_master();
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_TRUE(torch::equal(before[i], after[i])) << model.params()[i].name;
+  }
+}
+
+TEST(ZeroModel, Bf16TrainsAndStaysNearFp32) {
+  NetShape shape;
+  TrainOptions o;
+  o.steps = 20;
+  o.lr = 3e-3;
+  std::vector<double> losses[2];
+  for (int bf16 = 0; bf16 < 2; ++bf16) {
+    testing::Net net = make_net(shape, 11);
+    offload::CpuAccelerator accelerator(1ull << 30);
+    SingleCommunicator comm;
+    optimizer_cpu::AdamOptimizer adam(adam_config(o));
+    ZeroConfig config;
+    config.stage = 3;
+    config.precision = bf16 ? Precision::kBFloat16 : Precision::kFloat32;
+    ZeroModel model(*net, config, accelerator, comm, adam);
+    losses[bf16] = train_zero(net, model, shape, o, 11);
+  }
+  EXPECT_LT(losses[1].back(), losses[1].front() * 0.9) << "bf16 loss did not fall";
+  for (size_t i = 0; i < losses[0].size(); ++i) {
+    EXPECT_NEAR(losses[1][i], losses[0][i], 0.05 * losses[0][i] + 1e-3) << "step " << i;
+  }
+}
+
+TEST(ZeroModel, ConfigurationsThatCannotWorkAreRefused) {
+  NetShape shape;
+  offload::CpuAccelerator accelerator(1ull << 30);
+  SingleCommunicator comm;
+  optimizer_cpu::AdamOptimizer adam;
+  {
+    testing::Net net = make_net(shape, 1);
+    ZeroConfig config;
+    config.stage = 2;
+    config.offload_param = OffloadTarget::kCpu;
+    EXPECT_THROW(ZeroModel(*net, config, accelerator, comm, adam), ZeroError);
+  }
+  {
+    testing::Net net = make_net(shape, 1);
+    ZeroConfig config;
+    config.stage = 3;
+    config.offload_optimizer = OffloadTarget::kNvme;  // no nvme_paths
+    try {
+      ZeroModel model(*net, config, accelerator, comm, adam);
+      FAIL() << "accepted";
+    } catch (const ZeroError& e) {
+      EXPECT_NE(std::string(e.what()).find("nvme_path"), std::string::npos) << e.what();
+    }
+  }
+  {
+    testing::Net net = make_net(shape, 1);
+    ZeroConfig config;
+    config.stage = 3;
+    config.param_persistence_threshold = 0;
+    config.max_live_parameters = 100;  // one block needs 741
+    EXPECT_THROW(ZeroModel(*net, config, accelerator, comm, adam), ZeroError);
+  }
+  {
+    testing::Net net = make_net(shape, 1);
+    ZeroConfig config;
+    config.stage = 3;
+    offload::CpuAccelerator small(1000);  // far below the model
+    EXPECT_THROW(ZeroModel(*net, config, small, comm, adam), offload::OffloadError);
+  }
+}
+
+}  // namespace
+}  // namespace zinf::zero
