@@ -48,7 +48,8 @@ GradReducer::GradReducer(const PartitionLayout& layout, const ZeroConfig& config
   uint64_t largest = 0;
   uint64_t total = 0;
   for (size_t p = 0; p < layout_.param_count(); ++p) {
-    const uint64_t padded = layout_.slice(p).slice_numel * static_cast<uint64_t>(world_);
+    const uint64_t padded = stage0_ ? layout_.slice(p).numel
+                                    : layout_.slice(p).slice_numel * static_cast<uint64_t>(world_);
     largest = std::max(largest, padded);
     total += padded;
   }
@@ -61,8 +62,9 @@ GradReducer::GradReducer(const PartitionLayout& layout, const ZeroConfig& config
     if (!stage0_) {
       send_[s] = accelerator_.allocate(capacity_ * element);
       if (config_.reduce_scatter) {
-        recv_[s] = accelerator_.allocate(capacity_ / static_cast<uint64_t>(world_) * element +
-                                         largest / static_cast<uint64_t>(world_) * element);
+        // A bucket's region is at most capacity / world elements (a bucket holds whole
+        // padded parameters, each a multiple of the world size).
+        recv_[s] = accelerator_.allocate(capacity_ / static_cast<uint64_t>(world_) * element);
       }
     } else {
       send_[s] = accelerator_.allocate(capacity_ * element);

@@ -90,9 +90,21 @@ const std::byte* ParamStore::host_slice(const Param& p) const noexcept {
 
 uint64_t ParamStore::host_bytes() const noexcept {
   uint64_t bytes = 0;
-  if (options_.tier == OffloadTarget::kCpu) {
-    for (const Param& p : params_) {
+  for (const Param& p : params_) {
+    if (p.plain_slice) {
       bytes += slice_bytes(p);
+    }
+  }
+  return bytes;
+}
+
+uint64_t ParamStore::pinned_bytes() const {
+  uint64_t bytes = 0;
+  for (const Param& p : params_) {
+    if (p.host_slice.data() != nullptr) {
+      bytes += p.host_slice.capacity();
+    } else if (swapper_ != nullptr && swapper_->in_cpu(p.swap_id)) {
+      bytes += (slice_bytes(p) + aio::kPinAlignment - 1) / aio::kPinAlignment * aio::kPinAlignment;
     }
   }
   return bytes;

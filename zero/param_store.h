@@ -94,8 +94,11 @@ class ParamStore final : public ParamFetcher {
   void release(size_t m) override;
 
   [[nodiscard]] ParamStoreStats stats() const noexcept { return stats_; }
-  // Host bytes held by the cpu tier's slices.
+  // Host bytes held by slices: plain (tier cpu without pin_memory) and pinned (tier cpu
+  // with pin_memory, and the partitions the swapper keeps in CPU memory under max_in_cpu;
+  // whole pages, as allocated).
   [[nodiscard]] uint64_t host_bytes() const noexcept;
+  [[nodiscard]] uint64_t pinned_bytes() const;
 
  private:
   struct Param {

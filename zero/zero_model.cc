@@ -102,27 +102,26 @@ ZeroModel::~ZeroModel() {
 
 // ---- attaching -------------------------------------------------------------------------
 
-void ZeroModel::collect(torch::nn::Module& root) {
-  std::vector<std::string> block_paths;
+ModelDescription describe_model(torch::nn::Module& root) {
+  ModelDescription d;
   for (const auto& item : root.named_modules("", /*include_self=*/true)) {
     if (auto* block = dynamic_cast<ZeroBlockImpl*>(item.value().get())) {
       if (block->model() != nullptr) {
         throw ZeroError(
             fmt::format("block \"{}\" is already attached to another ZeroModel", item.key()));
       }
-      for (const std::string& path : block_paths) {
+      for (const std::string& path : d.block_paths) {
         if (under(item.key(), path)) {
           throw ZeroError(
-              fmt::format("block \"{}\" is nested in block \"{}\": blocks must not "
-                          "contain blocks",
+              fmt::format("block \"{}\" is nested in block \"{}\": blocks must not contain blocks",
                           item.key(), path));
         }
       }
-      blocks_.push_back(Block{block, {}, {}});
-      block_paths.push_back(item.key());
+      d.blocks.push_back(block);
+      d.block_paths.push_back(item.key());
     }
   }
-  std::unordered_map<const void*, size_t> index;  // TensorImpl -> params_ index
+  std::unordered_map<const void*, size_t> index;  // TensorImpl -> d.params index
   for (const auto& item : root.named_parameters(/*recurse=*/true)) {
     const std::string& name = item.key();
     const torch::Tensor& tensor = item.value();
@@ -130,37 +129,53 @@ void ZeroModel::collect(torch::nn::Module& root) {
     auto found = index.find(impl);
     size_t i = 0;
     if (found == index.end()) {
-      Param p;
-      p.name = name;
-      p.shape = tensor.sizes().vec();
-      p.numel = static_cast<uint64_t>(tensor.numel());
-      p.trainable = tensor.requires_grad();
-      p.var = tensor;
-      if (p.numel == 0 && p.trainable) {
+      if (tensor.numel() == 0 && tensor.requires_grad()) {
         throw ZeroError(fmt::format("parameter \"{}\" has no elements", name));
       }
-      i = params_.size();
+      i = d.params.size();
       index.emplace(impl, i);
-      params_.push_back(std::move(p));
+      d.params.push_back({name, {}, tensor, {}, false});
     } else {
       i = found->second;
-      params_[i].aliases.push_back(name);
+      d.params[i].aliases.push_back(name);
     }
     bool inside = false;
-    for (size_t b = 0; b < blocks_.size(); ++b) {
-      if (under(name, block_paths[b])) {
+    for (size_t b = 0; b < d.blocks.size(); ++b) {
+      if (under(name, d.block_paths[b])) {
         inside = true;
-        if (std::find(params_[i].blocks.begin(), params_[i].blocks.end(), b) ==
-            params_[i].blocks.end()) {
-          params_[i].blocks.push_back(b);
-          blocks_[b].params.push_back(i);
-          blocks_[b].tensors.push_back(params_[i].var);
+        std::vector<size_t>& blocks = d.params[i].blocks;
+        if (std::find(blocks.begin(), blocks.end(), b) == blocks.end()) {
+          blocks.push_back(b);
         }
       }
     }
     if (!inside) {
-      params_[i].outside_use = true;
+      d.params[i].outside_use = true;
     }
+  }
+  return d;
+}
+
+void ZeroModel::collect(torch::nn::Module& root) {
+  ModelDescription d = describe_model(root);
+  for (ZeroBlockImpl* block : d.blocks) {
+    blocks_.push_back(Block{block, {}, {}});
+  }
+  for (ModelDescription::Parameter& described : d.params) {
+    Param p;
+    p.name = described.name;
+    p.aliases = std::move(described.aliases);
+    p.shape = described.tensor.sizes().vec();
+    p.numel = static_cast<uint64_t>(described.tensor.numel());
+    p.trainable = described.tensor.requires_grad();
+    p.var = described.tensor;
+    p.blocks = std::move(described.blocks);
+    p.outside_use = described.outside_use;
+    for (size_t b : p.blocks) {
+      blocks_[b].params.push_back(params_.size());
+      blocks_[b].tensors.push_back(p.var);
+    }
+    params_.push_back(std::move(p));
   }
 }
 
@@ -560,12 +575,12 @@ ZeroModelStats ZeroModel::stats() const {
   if (store_) {
     s.params = store_->stats();
     s.host_bytes += store_->host_bytes();
+    s.pinned_bytes += store_->pinned_bytes();
   }
   s.reducer = reducer_->stats();
   if (param_swapper_) {
     s.param_swap = param_swapper_->counters();
     s.pinned_bytes += param_swapper_->pinned_bytes();
-    s.host_bytes += param_swapper_->cpu_elements() * dtype_size(dtype_);
   }
   s.optimizer_swap = optimizer_->swapper().counters();
   s.pinned_bytes += optimizer_->pinned_bytes();

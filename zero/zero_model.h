@@ -50,6 +50,25 @@
 
 namespace zinf::zero {
 
+// What a model holds, as ZeroModel sees it: its blocks and its distinct parameters.
+struct ModelDescription {
+  struct Parameter {
+    std::string name;                  // first name in named_parameters() order
+    std::vector<std::string> aliases;  // later names of the same tensor
+    torch::Tensor tensor;
+    std::vector<size_t> blocks;  // indices into `blocks`
+    bool outside_use = false;    // registered under a module outside every block
+  };
+  std::vector<ZeroBlockImpl*> blocks;
+  std::vector<std::string> block_paths;
+  std::vector<Parameter> params;
+};
+
+// Walks `root`: its ZeroBlocks (in named_modules() order) and its parameters. Throws
+// ZeroError for nested blocks, a block already attached elsewhere, or a trainable
+// parameter without elements.
+[[nodiscard]] ModelDescription describe_model(torch::nn::Module& root);
+
 struct ZeroModelStats {
   CoordinatorStats coordinator;  // stage 3
   ParamStoreStats params;        // stage 3

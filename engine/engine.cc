@@ -1,0 +1,378 @@
+#include "engine/engine.h"
+
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "offload/cpu_accelerator.h"
+#include "offload/cuda_accelerator.h"
+#include "optimizer_cpu/adagrad.h"
+#include "optimizer_cpu/adam.h"
+#include "optimizer_cpu/lion.h"
+#include "zero/comm/make_communicator.h"
+
+namespace zinf::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::unique_ptr<optimizer_cpu::Optimizer> make_optimizer(const OptimizerSettings& s) {
+  std::string type = s.type;
+  std::transform(type.begin(), type.end(), type.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  try {
+    if (type == "adam" || type == "adamw") {
+      optimizer_cpu::AdamConfig c;
+      c.lr = static_cast<float>(s.lr);
+      c.beta1 = static_cast<float>(s.beta1);
+      c.beta2 = static_cast<float>(s.beta2);
+      c.eps = static_cast<float>(s.eps);
+      c.weight_decay = static_cast<float>(s.weight_decay);
+      c.bias_correction = s.bias_correction;
+      // DeepSpeed: "AdamW" always decouples the decay; "Adam" does when adam_w_mode.
+      c.adamw_mode = type == "adamw" || s.adam_w_mode;
+      return std::make_unique<optimizer_cpu::AdamOptimizer>(c);
+    }
+    if (type == "adagrad") {
+      optimizer_cpu::AdagradConfig c;
+      c.lr = static_cast<float>(s.lr);
+      c.eps = static_cast<float>(s.eps);
+      c.weight_decay = static_cast<float>(s.weight_decay);
+      return std::make_unique<optimizer_cpu::AdagradOptimizer>(c);
+    }
+    if (type == "lion") {
+      optimizer_cpu::LionConfig c;
+      c.lr = static_cast<float>(s.lr);
+      c.beta1 = static_cast<float>(s.beta1);
+      c.beta2 = static_cast<float>(s.beta2);
+      c.weight_decay = static_cast<float>(s.weight_decay);
+      return std::make_unique<optimizer_cpu::LionOptimizer>(c);
+    }
+  } catch (const std::invalid_argument& e) {
+    throw EngineError(fmt::format("optimizer.params: {}", e.what()));
+  }
+  throw EngineError(
+      fmt::format("optimizer.type \"{}\" is not one of Adam, AdamW, Adagrad, Lion", s.type));
+}
+
+size_t optimizer_states(const std::string& type) {
+  std::string t = type;
+  std::transform(t.begin(), t.end(), t.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return t == "adagrad" || t == "lion" ? 1 : 2;
+}
+
+uint64_t peak_rss_bytes() {
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) != 0) {
+    return 0;
+  }
+  return static_cast<uint64_t>(usage.ru_maxrss) * 1024;
+}
+
+}  // namespace
+
+std::vector<PlanParam> describe_parameters(torch::nn::Module& root) {
+  const zero::ModelDescription d = zero::describe_model(root);
+  std::vector<PlanParam> params;
+  for (const auto& p : d.params) {
+    params.push_back({static_cast<uint64_t>(p.tensor.numel()), p.tensor.requires_grad(),
+                      !p.blocks.empty(), p.outside_use});
+  }
+  return params;
+}
+
+std::string MemoryReport::table() const {
+  std::string out = fmt::format("{:<8} {:>12} {:>12}\n", "tier", "planned", "measured");
+  out += fmt::format(
+      "{:<8} {:>12} {:>12}  (peak of zinf's device allocations; activations are "
+      "LibTorch's)\n",
+      "device", format_bytes(plan.device_total() - plan.device_activations),
+      format_bytes(device_peak));
+  out += fmt::format("{:<8} {:>12} {:>12}\n", "pinned", format_bytes(plan.pinned),
+                     format_bytes(pinned));
+  out += fmt::format("{:<8} {:>12} {:>12}\n", "host", format_bytes(plan.host), format_bytes(host));
+  out += fmt::format("{:<8} {:>12} {:>12}\n", "nvme", format_bytes(plan.nvme), format_bytes(nvme));
+  out += fmt::format("peak RSS {}\n", format_bytes(peak_rss));
+  return out;
+}
+
+Engine::Engine(std::shared_ptr<torch::nn::Module> model, EngineOptions options,
+               const zero::ZeroModel::Initializer& initializer)
+    : options_(std::move(options)), module_(std::move(model)) {
+  if (!module_) {
+    throw EngineError("engine: no model");
+  }
+  if (options_.micro_batch_size < 1) {
+    throw EngineError(fmt::format("train_micro_batch_size_per_gpu must be >= 1, not {}",
+                                  options_.micro_batch_size));
+  }
+  if (options_.threads > 0) {
+    at::set_num_threads(options_.threads);
+  }
+  options_.comm.timeout = options_.zero.comm_timeout;
+  comm_ = zero::make_communicator(options_.launch, options_.comm);
+
+  if (options_.accelerator == "cpu") {
+    accelerator_ = std::make_unique<offload::CpuAccelerator>(options_.memory_budget);
+  } else if (options_.accelerator == "cuda") {
+    const int device =
+        options_.comm.cuda_device >= 0 ? options_.comm.cuda_device : options_.launch.local_rank;
+    accelerator_ = std::make_unique<offload::CudaAccelerator>(device, options_.memory_budget);
+  } else {
+    throw EngineError(fmt::format("zinf.accelerator.type \"{}\" is not one of \"cpu\", \"cuda\"",
+                                  options_.accelerator));
+  }
+  optimizer_ = make_optimizer(options_.optimizer);
+
+  PlanInputs in;
+  in.params = describe_parameters(*module_);
+  in.zero = options_.zero;
+  in.world_size = comm_->world_size();
+  in.optimizer_states = optimizer_states(options_.optimizer.type);
+  in.activation_bytes = options_.activation_bytes;
+  plan_ = plan_memory(in);
+  const uint64_t budget = accelerator_->memory_stats().budget_bytes;
+  if (budget > 0 && plan_.device_total() > budget) {
+    throw EngineError(fmt::format(
+        "the run needs {} of accelerator memory but the budget (zinf.accelerator.memory_budget) "
+        "is {}:\n{}Lower stage3_max_live_parameters or the micro-batch, offload parameters or "
+        "optimizer states (offload_param / offload_optimizer), or raise the budget.",
+        format_bytes(plan_.device_total()), format_bytes(budget), plan_.table()));
+  }
+  log(fmt::format("memory plan (rank {} of {}):\n{}", comm_->rank(), comm_->world_size(),
+                  plan_.table()));
+
+  model_ = std::make_unique<zero::ZeroModel>(*module_, options_.zero, *accelerator_, *comm_,
+                                             *optimizer_, initializer);
+  if (options_.zero.precision == zero::Precision::kFloat16) {
+    scaler_ = zero::LossScaler(options_.zero.loss_scale);
+  }
+}
+
+Engine::~Engine() = default;
+
+int Engine::rank() const noexcept { return comm_->rank(); }
+int Engine::world_size() const noexcept { return comm_->world_size(); }
+int Engine::gradient_accumulation_steps() const noexcept {
+  return options_.zero.gradient_accumulation_steps;
+}
+
+void Engine::log(const std::string& line) const {
+  if (comm_->rank() == 0 && options_.log) {
+    options_.log(line);
+  }
+}
+
+void Engine::emit(const std::string& event, double value) const {
+  if (comm_->rank() == 0 && options_.monitor) {
+    options_.monitor({event, value, global_samples_});
+  }
+}
+
+torch::Tensor Engine::forward(const std::function<torch::Tensor()>& compute) {
+  if (in_micro_batch_) {
+    throw EngineError("forward() called twice without backward()");
+  }
+  if (!step_started_) {
+    step_start_ = Clock::now();
+    step_started_ = true;
+    forward_seconds_ = backward_seconds_ = step_seconds_ = 0.0;
+  }
+  model_->begin_micro_batch(micro_batch_);
+  in_micro_batch_ = true;
+  const auto start = Clock::now();
+  torch::Tensor loss;
+  try {
+    loss = compute();
+  } catch (...) {
+    in_micro_batch_ = false;
+    throw;
+  }
+  forward_seconds_ += seconds_since(start);
+  if (!loss.defined() || loss.numel() != 1) {
+    throw EngineError("the forward function must return the scalar loss");
+  }
+  return loss;
+}
+
+void Engine::backward(const torch::Tensor& loss) {
+  if (!in_micro_batch_) {
+    throw EngineError("backward() without forward()");
+  }
+  const auto start = Clock::now();
+  loss_sum_ += loss.detach().to(at::kDouble).item<double>();
+  const double factor = scaler_.scale() / gradient_accumulation_steps();
+  (loss * factor).backward();
+  model_->end_micro_batch();
+  in_micro_batch_ = false;
+  backward_seconds_ += seconds_since(start);
+}
+
+bool Engine::step() {
+  if (in_micro_batch_) {
+    throw EngineError("step() before backward()");
+  }
+  ++micro_batch_;
+  global_samples_ += options_.micro_batch_size * comm_->world_size();
+  if (micro_batch_ < gradient_accumulation_steps()) {
+    return false;
+  }
+  apply_step();
+  micro_batch_ = 0;
+  return true;
+}
+
+void Engine::apply_step() {
+  const auto start = Clock::now();
+  const int64_t next = applied_steps_ + 1;
+  const double lr = options_.lr_schedule ? options_.lr_schedule(next) : options_.optimizer.lr;
+  optimizer_->set_lr(static_cast<float>(lr));
+  if (options_.beta1_schedule) {
+    if (auto* adam = dynamic_cast<optimizer_cpu::AdamOptimizer*>(optimizer_.get())) {
+      optimizer_cpu::AdamConfig c = adam->config();
+      c.beta1 = static_cast<float>(options_.beta1_schedule(next));
+      adam->set_config(c);
+    }
+  }
+  const double scale = scaler_.scale();
+  const zero::OptimizerStepOutcome outcome = model_->step(next, scale);
+  step_seconds_ = seconds_since(start);
+  ++global_steps_;
+  if (outcome.skipped) {
+    ++skipped_steps_;
+  } else {
+    ++applied_steps_;
+  }
+  scaler_.update(outcome.skipped);
+  if (outcome.skipped) {
+    log(fmt::format(
+        "step {} skipped: {} NaN/Inf gradient elements{}", global_steps_, outcome.nonfinite,
+        scaler_.dynamic() ? fmt::format(" (loss scale {} -> {})", scale, scaler_.scale())
+                          : std::string()));
+  }
+
+  // The loss of the global batch: this rank's micro-batch mean, averaged over the ranks.
+  double loss = loss_sum_ / gradient_accumulation_steps();
+  if (comm_->world_size() > 1) {
+    comm_->all_reduce(&loss, 1, zero::DType::kFloat64, zero::ReduceOp::kSum)->wait();
+    loss /= comm_->world_size();
+  }
+  loss_sum_ = 0.0;
+  step_started_ = false;
+
+  const double seconds = seconds_since(step_start_);
+  const double samples = static_cast<double>(options_.micro_batch_size) * comm_->world_size() *
+                         gradient_accumulation_steps();
+  report_.global_step = global_steps_;
+  report_.global_samples = global_samples_;
+  report_.loss = loss;
+  report_.lr = lr;
+  report_.loss_scale = scale;
+  report_.grad_norm = outcome.grad_norm;
+  report_.skipped = outcome.skipped;
+  report_.seconds = seconds;
+  report_.samples_per_second = seconds > 0 ? samples / seconds : 0.0;
+  report_.tokens_per_second =
+      report_.samples_per_second * static_cast<double>(options_.tokens_per_sample);
+
+  emit("Train/Samples/train_loss", loss);
+  emit("Train/Samples/lr", lr);
+  if (options_.zero.precision == zero::Precision::kFloat16) {
+    emit("Train/Samples/loss_scale", scale);
+  }
+  if (options_.wall_clock_breakdown) {
+    emit("Train/Samples/elapsed_time_ms_forward", forward_seconds_ * 1e3);
+    emit("Train/Samples/elapsed_time_ms_backward", backward_seconds_ * 1e3);
+    emit("Train/Samples/elapsed_time_ms_backward_inner", backward_seconds_ * 1e3);
+    emit("Train/Samples/elapsed_time_ms_backward_allreduce",
+         model_->stats().reducer.wait_seconds * 1e3);
+    emit("Train/Samples/elapsed_time_ms_step", step_seconds_ * 1e3);
+  }
+  if (options_.steps_per_print > 0 && global_steps_ % options_.steps_per_print == 0) {
+    std::string line = fmt::format(
+        "step {} | loss {:.4f} | lr {:.3e} | loss scale {:g} | skipped {} | {:.2f} samples/s",
+        global_steps_, loss, lr, scale, skipped_steps_, report_.samples_per_second);
+    if (options_.tokens_per_sample > 0) {
+      line += fmt::format(" | {:.0f} tokens/s", report_.tokens_per_second);
+    }
+    log(line);
+    if (options_.wall_clock_breakdown) {
+      log(breakdown());
+    }
+  }
+  last_stats_ = model_->stats();
+}
+
+StepReport Engine::train_batch(const std::function<torch::Tensor(int micro_batch)>& compute) {
+  for (int mb = 0; mb < gradient_accumulation_steps(); ++mb) {
+    torch::Tensor loss = forward([&] { return compute(mb); });
+    backward(loss);
+    step();
+  }
+  return report_;
+}
+
+torch::Tensor Engine::evaluate(const std::function<torch::Tensor()>& compute) {
+  if (in_micro_batch_) {
+    throw EngineError("evaluate() inside a micro-batch");
+  }
+  at::NoGradGuard no_grad;
+  model_->begin_eval();
+  torch::Tensor out;
+  try {
+    out = compute();
+  } catch (...) {
+    model_->end_eval();
+    throw;
+  }
+  model_->end_eval();
+  return out;
+}
+
+std::string Engine::breakdown() const {
+  const zero::ZeroModelStats s = model_->stats();
+  return fmt::format(
+      "  time: forward {:.3f} s | backward {:.3f} s | step {:.3f} s | blocked on: param fetch "
+      "{:.3f} s (all-gather {:.3f} s), gradient reduction {:.3f} s, optimizer I/O {:.3f} s, "
+      "param swap I/O {:.3f} s",
+      forward_seconds_, backward_seconds_, step_seconds_,
+      s.params.wait_seconds - last_stats_.params.wait_seconds,
+      s.params.gather_wait_seconds - last_stats_.params.gather_wait_seconds,
+      s.reducer.wait_seconds - last_stats_.reducer.wait_seconds,
+      s.optimizer_swap.io_wait_seconds - last_stats_.optimizer_swap.io_wait_seconds,
+      s.param_swap.io_wait_seconds - last_stats_.param_swap.io_wait_seconds);
+}
+
+std::string Engine::counters_line() const {
+  const zero::ZeroModelStats s = model_->stats();
+  return fmt::format(
+      "device peak {} (gathered params high-water {}) | nvme read {} written {} | all-gathers "
+      "{} ({}) | reduction buckets {} ({})",
+      format_bytes(s.device.peak_bytes), format_bytes(s.gathered_high_water_bytes),
+      format_bytes(s.optimizer_swap.nvme_bytes_read + s.param_swap.nvme_bytes_read),
+      format_bytes(s.optimizer_swap.nvme_bytes_written + s.param_swap.nvme_bytes_written),
+      s.params.gathers, format_bytes(s.params.gathered_bytes), s.reducer.buckets,
+      format_bytes(s.reducer.bytes_sent));
+}
+
+MemoryReport Engine::memory_report() const {
+  const zero::ZeroModelStats s = model_->stats();
+  MemoryReport r;
+  r.plan = plan_;
+  r.device_peak = s.device.peak_bytes;
+  r.pinned = s.pinned_bytes;
+  r.host = s.host_bytes;
+  r.nvme = s.nvme_bytes;
+  r.peak_rss = peak_rss_bytes();
+  return r;
+}
+
+}  // namespace zinf::engine

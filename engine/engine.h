@@ -1,0 +1,193 @@
+// Engine: trains a LibTorch model under ZeRO from a DeepSpeed-style configuration — the
+// accelerator, the communicator, the CPU optimizer, the ZeroModel, the LR schedule, the fp16
+// loss scale, logging and the per-tier memory plan, behind DeepSpeed's loop:
+//
+//   Engine engine(model, options, initializer);
+//   for (...) {
+//     torch::Tensor loss = engine.forward([&] { return model->loss(x, y); });
+//     engine.backward(loss);
+//     engine.step();   // applies the update after gradient_accumulation_steps micro-batches
+//   }
+//
+// or engine.train_batch(fn) for one whole optimizer step. forward() opens the micro-batch
+// (stage 3 fetches blocks as the model runs), backward() scales the loss by the loss scale
+// and 1 / gradient_accumulation_steps and closes the micro-batch (gradients reduced to their
+// owners), step() at the boundary combines the ranks' gradient norms, skips or applies the
+// update, advances the LR schedule and the loss scale, and logs.
+//
+// Before anything is allocated the memory plan (engine/memory_plan.h) is computed and
+// checked against the accelerator's budget; a plan that cannot fit fails at once with the
+// table. Reported loss: the mean over the global batch (all micro-batches, averaged over the
+// ranks), not rank 0's alone.
+//
+// Thread safety: one driving thread. The constructor and step() are collective: every rank
+// must call them in the same order.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/memory_plan.h"
+#include "offload/accelerator.h"
+#include "optimizer_cpu/optimizer.h"
+#include "zero/comm/comm_options.h"
+#include "zero/comm/communicator.h"
+#include "zero/comm/launch_env.h"
+#include "zero/loss_scaler.h"
+#include "zero/zero_model.h"
+
+namespace zinf::engine {
+
+class EngineError : public std::runtime_error {
+ public:
+  explicit EngineError(const std::string& message) : std::runtime_error(message) {}
+};
+
+struct OptimizerSettings {
+  std::string type = "adamw";  // adam, adamw, adagrad, lion
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool bias_correction = true;
+  bool adam_w_mode = true;  // "adam" with adam_w_mode true is AdamW (DeepSpeed's rule)
+};
+
+// One value the engine reports: a csv_monitor event ("Train/Samples/train_loss"), its value
+// and the global sample count.
+struct MonitorEvent {
+  std::string name;
+  double value = 0.0;
+  int64_t samples = 0;
+};
+
+struct EngineOptions {
+  zero::ZeroConfig zero;
+  OptimizerSettings optimizer;
+  // lr for an applied step number (1-based); empty: optimizer.lr throughout.
+  std::function<double(int64_t step)> lr_schedule;
+  // beta1 for a step (OneCycle's momentum cycling); empty: optimizer.beta1.
+  std::function<double(int64_t step)> beta1_schedule;
+
+  int64_t micro_batch_size = 1;   // samples per rank per micro-batch
+  int64_t tokens_per_sample = 0;  // for tokens/s (0: not reported)
+  int steps_per_print = 10;
+  bool wall_clock_breakdown = false;
+
+  std::string accelerator = "cpu";      // "cpu" or "cuda"
+  uint64_t memory_budget = 8ull << 30;  // cpu accelerator budget (bytes)
+  uint64_t activation_bytes = 0;        // the model's estimate, for the plan
+  zero::CommOptions comm;
+  zero::LaunchEnv launch;  // detect_launch_env() by default
+  int threads = 0;         // compute threads; 0: keep LibTorch's setting
+
+  std::function<void(const MonitorEvent&)> monitor;  // rank 0 only
+  std::function<void(const std::string&)> log;       // every printed line (rank 0)
+};
+
+// Figures of the last applied or skipped optimizer step.
+struct StepReport {
+  int64_t global_step = 0;  // optimizer steps taken (applied + skipped)
+  int64_t global_samples = 0;
+  double loss = 0.0;  // mean over the global batch
+  double lr = 0.0;
+  double loss_scale = 1.0;
+  double grad_norm = 0.0;
+  bool skipped = false;
+  double seconds = 0.0;  // wall time of the whole step (all micro-batches)
+  double samples_per_second = 0.0;
+  double tokens_per_second = 0.0;
+};
+
+// Peak usage measured during the run, beside the plan.
+struct MemoryReport {
+  MemoryPlan plan;
+  uint64_t device_peak = 0;  // accelerator allocations (gathered params, buckets, slices)
+  uint64_t pinned = 0;
+  uint64_t host = 0;
+  uint64_t nvme = 0;
+  uint64_t peak_rss = 0;  // the process's high-water resident set
+  std::string table() const;
+};
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<torch::nn::Module> model, EngineOptions options,
+         const zero::ZeroModel::Initializer& initializer = {});
+  ~Engine();
+
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // ---- DeepSpeed's loop --------------------------------------------------------------------
+  // Opens a micro-batch and runs `compute` (the model's forward and loss, the mean over this
+  // rank's micro-batch); returns its loss.
+  torch::Tensor forward(const std::function<torch::Tensor()>& compute);
+  // Backward of the loss forward() returned; closes the micro-batch.
+  void backward(const torch::Tensor& loss);
+  // Counts the micro-batch; at the accumulation boundary runs the optimizer step and returns
+  // true (report() then describes it).
+  bool step();
+  // All micro-batches of one optimizer step: compute(i) for i in [0, accumulation).
+  StepReport train_batch(const std::function<torch::Tensor(int micro_batch)>& compute);
+  // Forward without backward (evaluation): stage 3 fetches on demand.
+  torch::Tensor evaluate(const std::function<torch::Tensor()>& compute);
+
+  // ---- state ---------------------------------------------------------------------------------
+  [[nodiscard]] const StepReport& report() const noexcept { return report_; }
+  [[nodiscard]] int64_t global_steps() const noexcept { return global_steps_; }
+  [[nodiscard]] int64_t global_samples() const noexcept { return global_samples_; }
+  [[nodiscard]] int64_t skipped_steps() const noexcept { return skipped_steps_; }
+  [[nodiscard]] int rank() const noexcept;
+  [[nodiscard]] int world_size() const noexcept;
+  [[nodiscard]] int gradient_accumulation_steps() const noexcept;
+  [[nodiscard]] const MemoryPlan& plan() const noexcept { return plan_; }
+  [[nodiscard]] MemoryReport memory_report() const;
+  [[nodiscard]] zero::ZeroModel& zero_model() noexcept { return *model_; }
+  [[nodiscard]] zero::Communicator& comm() noexcept { return *comm_; }
+  [[nodiscard]] offload::Accelerator& accelerator() noexcept { return *accelerator_; }
+  [[nodiscard]] zero::LossScaler& loss_scaler() noexcept { return scaler_; }
+  [[nodiscard]] const EngineOptions& options() const noexcept { return options_; }
+  // Lines of the wall-clock breakdown of the last step (empty unless enabled).
+  [[nodiscard]] std::string breakdown() const;
+  // One line: device peak, gathered high-water, bytes per tier, time blocked per tier.
+  [[nodiscard]] std::string counters_line() const;
+
+ private:
+  void log(const std::string& line) const;
+  void emit(const std::string& event, double value) const;
+  void apply_step();
+
+  EngineOptions options_;
+  std::shared_ptr<torch::nn::Module> module_;
+  std::unique_ptr<zero::Communicator> comm_;
+  std::unique_ptr<offload::Accelerator> accelerator_;
+  std::unique_ptr<optimizer_cpu::Optimizer> optimizer_;
+  MemoryPlan plan_;
+  std::unique_ptr<zero::ZeroModel> model_;
+  zero::LossScaler scaler_;
+
+  int micro_batch_ = 0;  // within the current optimizer step
+  bool in_micro_batch_ = false;
+  double loss_sum_ = 0.0;  // this rank's micro-batch losses of the current step
+  int64_t global_steps_ = 0;
+  int64_t applied_steps_ = 0;
+  int64_t global_samples_ = 0;
+  int64_t skipped_steps_ = 0;
+  std::chrono::steady_clock::time_point step_start_;
+  bool step_started_ = false;
+  double forward_seconds_ = 0.0, backward_seconds_ = 0.0, step_seconds_ = 0.0;
+  StepReport report_;
+  zero::ZeroModelStats last_stats_;  // at the previous step, for per-step deltas
+};
+
+// A description of `root`'s parameters for the memory plan (the same walk ZeroModel makes).
+[[nodiscard]] std::vector<PlanParam> describe_parameters(torch::nn::Module& root);
+
+}  // namespace zinf::engine

@@ -1,0 +1,175 @@
+#include "engine/memory_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace zinf::engine {
+namespace {
+
+using zero::OffloadTarget;
+
+constexpr uint64_t kPage = 4096;
+
+uint64_t round_page(uint64_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
+
+uint64_t precision_bytes(zero::Precision p) { return p == zero::Precision::kFloat32 ? 4 : 2; }
+
+uint64_t comm_bytes(const zero::ZeroConfig& z) {
+  const std::string& t = z.communication_data_type;
+  if (t == "fp32" || t == "float32" || t == "float") return 4;
+  if (!t.empty()) return 2;
+  return precision_bytes(z.precision);
+}
+
+}  // namespace
+
+std::string format_bytes(uint64_t bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 10 * 1024) {
+    return fmt::format("{} B", bytes);  // exact where two decimals of KiB would round
+  }
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    ++unit;
+  }
+  return fmt::format("{:.2f} {}", value, kUnits[unit]);
+}
+
+MemoryPlan plan_memory(const PlanInputs& in) {
+  const zero::ZeroConfig& z = in.zero;
+  MemoryPlan plan;
+  const uint64_t elem = precision_bytes(z.precision);
+  const bool stage0 = z.stage == 0;
+  const auto world = static_cast<uint64_t>(std::max(in.world_size, 1));
+  const uint64_t wl = stage0 ? 1 : world;        // the layout's world size
+  const size_t kinds = 2 + in.optimizer_states;  // params, grads, states
+
+  uint64_t largest_padded = 0, total_padded = 0, largest_numel = 0;
+  uint64_t managed_persistent = 0, managed_other = 0, persistent_budget = 0;
+  uint64_t cpu_left = z.param_max_in_cpu;  // ParamSwapper's max_in_cpu, in add() order
+  for (const PlanParam& p : in.params) {
+    largest_numel = std::max(largest_numel, p.numel);
+    if (!p.trainable) {
+      plan.device_resident += p.numel * elem;
+      continue;
+    }
+    plan.model_numel += p.numel;
+    const uint64_t slice = (p.numel + wl - 1) / wl;
+    plan.partition_numel += slice;
+    const uint64_t padded = stage0 ? p.numel : slice * world;
+    largest_padded = std::max(largest_padded, padded);
+    total_padded += padded;
+    const bool managed = z.stage == 3 && p.in_block && !p.outside_use;
+    if (!managed) {
+      plan.device_resident += slice * wl * elem;
+      continue;
+    }
+    const bool persistent = p.numel <= z.param_persistence_threshold &&
+                            persistent_budget + p.numel <= z.model_persistence_threshold;
+    if (persistent) {
+      persistent_budget += p.numel;
+      managed_persistent += p.numel;
+    } else {
+      managed_other += p.numel;
+    }
+    switch (z.offload_param) {
+      case OffloadTarget::kNone:
+        plan.device_slices += slice * elem;
+        break;
+      case OffloadTarget::kCpu:
+        plan.pinned += round_page(slice * elem);
+        break;
+      case OffloadTarget::kNvme:
+        if (slice <= cpu_left) {
+          cpu_left -= slice;
+          plan.pinned += round_page(slice * elem);
+        } else {
+          for (uint64_t done = 0; done < slice; done += z.param_buffer_size) {
+            plan.nvme += round_page(std::min(z.param_buffer_size, slice - done) * elem);
+          }
+        }
+        break;
+    }
+  }
+
+  // Stage 3 gathered parameters: at most the live limit of non-persistent ones, plus the
+  // persistent ones; with several ranks also the device copies of slices in flight (the
+  // coordinator copies up to 2 x stage3_prefetch_bucket_size elements ahead).
+  if (managed_persistent + managed_other > 0) {
+    const uint64_t live = std::min(z.max_live_parameters, managed_other) + managed_persistent;
+    if (world == 1) {
+      plan.device_gathered = z.offload_param == OffloadTarget::kNone ? 0 : live * elem;
+    } else {
+      plan.device_gathered = live * elem;
+      if (z.offload_param != OffloadTarget::kNone) {
+        plan.device_gathered += std::min(2 * z.prefetch_bucket_size, managed_other) / world * elem;
+      }
+    }
+    if (z.offload_param == OffloadTarget::kNvme) {
+      plan.pinned += z.param_buffer_count * round_page(z.param_buffer_size * elem);
+    }
+  }
+
+  // Gradient buckets (zero/grad_reducer.h).
+  if (world > 1) {
+    const uint64_t ce = comm_bytes(z);
+    const uint64_t cap = std::max(
+        largest_padded, std::min(std::max<uint64_t>(z.reduce_bucket_size, 1), total_padded));
+    const uint64_t slots = z.overlap_comm ? 2 : 1;
+    plan.device_buckets = cap * ce + slots * cap * ce;
+    if (!stage0 && z.reduce_scatter) {
+      plan.device_buckets += slots * (cap / world) * ce;
+    }
+  }
+
+  // The optimizer's partition (zero/partitioned_optimizer.h, offload/optimizer_swapper.h).
+  const uint64_t group = std::min(z.sub_group_size, plan.partition_numel);
+  const uint64_t arrays = plan.partition_numel * 4 * kinds;
+  switch (z.offload_optimizer) {
+    case OffloadTarget::kNone:
+      plan.device_optimizer = arrays;
+      plan.pinned += round_page(group * 2);  // the param copy pool
+      break;
+    case OffloadTarget::kCpu:
+      plan.host += arrays;
+      plan.pinned += round_page(group * 2);
+      break;
+    case OffloadTarget::kNvme: {
+      const uint64_t sets = 1 + (z.pipeline_read ? 1 : 0) + (z.pipeline_write ? 1 : 0);
+      plan.pinned += sets * kinds * round_page(group * 4) + sets * round_page(group * 2) +
+                     2 * round_page(group * 4);
+      const uint64_t groups = group == 0 ? 0 : (plan.partition_numel + group - 1) / group;
+      for (uint64_t g = 0; g < groups; ++g) {
+        const uint64_t n = std::min(group, plan.partition_numel - g * group);
+        plan.nvme += kinds * round_page(n * 4);
+      }
+      break;
+    }
+  }
+  plan.device_activations = in.activation_bytes;
+  plan.host_peak_init = largest_numel * 4 * 2;
+  return plan;
+}
+
+std::string MemoryPlan::table() const {
+  std::string out;
+  out += fmt::format(
+      "  device   {:>11}  = resident params {} + stage-3 slices {} + gathered {} + "
+      "buckets {} + optimizer {} + activations {}\n",
+      format_bytes(device_total()), format_bytes(device_resident), format_bytes(device_slices),
+      format_bytes(device_gathered), format_bytes(device_buckets), format_bytes(device_optimizer),
+      format_bytes(device_activations));
+  out += fmt::format("  pinned   {:>11}  (pools, staging buffers, pinned CPU slices)\n",
+                     format_bytes(pinned));
+  out += fmt::format(
+      "  host     {:>11}  (in-memory optimizer arrays, unpinned slices; +{} "
+      "transient at start-up)\n",
+      format_bytes(host), format_bytes(host_peak_init));
+  out += fmt::format("  nvme     {:>11}  (swap files)\n", format_bytes(nvme));
+  return out;
+}
+
+}  // namespace zinf::engine

@@ -1,0 +1,67 @@
+// MemoryPlan: the bytes a run needs on each tier — accelerator (device), pinned host, plain
+// host, NVMe — computed from the model's parameter list and the ZeRO config before anything
+// is allocated. The engine checks it against the accelerator budget and the pinned-memory
+// limit before any work (a run that cannot fit fails at once, with this table), allocates
+// exactly what it plans (the formulas below mirror zero/ and offload/, and a test holds the
+// measured figures to them), and reports the plan beside the measured peaks at the end.
+// `zinf estimate` prints the same plan without running.
+//
+// Thread safety: plain values and pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zero/zero_config.h"
+
+namespace zinf::engine {
+
+// One parameter as the plan sees it.
+struct PlanParam {
+  uint64_t numel = 0;
+  bool trainable = true;
+  bool in_block = false;     // used by some ZeroBlock
+  bool outside_use = false;  // used outside every block
+};
+
+struct PlanInputs {
+  std::vector<PlanParam> params;
+  zero::ZeroConfig zero;
+  int world_size = 1;
+  size_t optimizer_states = 2;    // arrays besides params and grads (Adam: m, v; Adagrad/Lion: 1)
+  uint64_t activation_bytes = 0;  // the model's estimate for one micro-batch (0: unknown)
+};
+
+struct MemoryPlan {
+  // Device.
+  uint64_t device_resident = 0;   // parameters always in full (stages 0-2, outside blocks)
+  uint64_t device_slices = 0;     // stage 3 slices kept on the device (offload_param none)
+  uint64_t device_gathered = 0;   // stage 3: gathered at the live limit, persistent ones, copies
+  uint64_t device_buckets = 0;    // gradient reduction buckets
+  uint64_t device_optimizer = 0;  // offload_optimizer none: the optimizer's arrays
+  uint64_t device_activations = 0;
+  // Host.
+  uint64_t pinned = 0;          // pools, staging buffers, pinned CPU-tier slices
+  uint64_t host = 0;            // in-memory optimizer arrays (offload cpu), unpinned slices
+  uint64_t host_peak_init = 0;  // transient at start-up: one full fp32 parameter
+  // NVMe.
+  uint64_t nvme = 0;
+
+  uint64_t partition_numel = 0;  // this rank's optimizer partition
+  uint64_t model_numel = 0;      // trainable elements
+
+  [[nodiscard]] uint64_t device_total() const noexcept {
+    return device_resident + device_slices + device_gathered + device_buckets + device_optimizer +
+           device_activations;
+  }
+  // A table, one tier per line, with units ("device  1.23 GiB = resident ... + ...").
+  [[nodiscard]] std::string table() const;
+};
+
+[[nodiscard]] MemoryPlan plan_memory(const PlanInputs& inputs);
+
+// "1.50 GiB", "512 B": binary units, two decimals.
+[[nodiscard]] std::string format_bytes(uint64_t bytes);
+
+}  // namespace zinf::engine

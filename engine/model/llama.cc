@@ -1,0 +1,239 @@
+#include "engine/model/llama.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <utility>
+
+namespace zinf::engine {
+namespace {
+
+// 64-bit FNV-1a of the name, mixed with the seed (splitmix64 finaliser).
+uint64_t parameter_seed(uint64_t seed, const std::string& name) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : name) {
+    h = (h ^ c) * 0x100000001b3ull;
+  }
+  uint64_t z = h ^ (seed + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+}  // namespace
+
+int64_t LlamaConfig::parameter_count() const noexcept {
+  const int64_t h = hidden_size;
+  const int64_t per_layer = 4 * h * h + 3 * h * intermediate_size + 2 * h;
+  return vocab_size * h * (tie_embeddings ? 1 : 2) + num_layers * per_layer + h;
+}
+
+void LlamaConfig::validate() const {
+  auto positive = [](int64_t v, const char* field) {
+    if (v <= 0) {
+      throw std::invalid_argument(fmt::format("model {} must be positive, not {}", field, v));
+    }
+  };
+  positive(vocab_size, "vocab_size");
+  positive(hidden_size, "hidden_size");
+  positive(num_layers, "num_layers");
+  positive(num_heads, "num_heads");
+  positive(intermediate_size, "intermediate_size");
+  positive(max_seq_len, "max_seq_len");
+  if (hidden_size % num_heads != 0 || (hidden_size / num_heads) % 2 != 0) {
+    throw std::invalid_argument(
+        fmt::format("model hidden_size {} must split into num_heads {} heads of an even size",
+                    hidden_size, num_heads));
+  }
+}
+
+std::optional<LlamaConfig> named_llama(const std::string& name, int64_t vocab_size) {
+  LlamaConfig c;
+  c.name = name;
+  c.vocab_size = vocab_size;
+  // hidden, layers, heads, intermediate (SwiGLU: about 8/3 hidden, rounded to 8)
+  if (name == "tiny") {
+    c.hidden_size = 64, c.num_layers = 2, c.num_heads = 4, c.intermediate_size = 176;
+  } else if (name == "small") {
+    c.hidden_size = 256, c.num_layers = 4, c.num_heads = 8, c.intermediate_size = 688;
+  } else if (name == "125m") {
+    c.hidden_size = 768, c.num_layers = 12, c.num_heads = 12, c.intermediate_size = 2048;
+  } else if (name == "350m") {
+    c.hidden_size = 1024, c.num_layers = 24, c.num_heads = 16, c.intermediate_size = 2816;
+  } else if (name == "1b") {
+    c.hidden_size = 2048, c.num_layers = 16, c.num_heads = 32, c.intermediate_size = 5504;
+  } else if (name == "3b") {
+    c.hidden_size = 3200, c.num_layers = 26, c.num_heads = 32, c.intermediate_size = 8640;
+  } else {
+    return std::nullopt;
+  }
+  return c;
+}
+
+std::string named_llama_list() { return "tiny, small, 125m, 350m, 1b, 3b"; }
+
+// ---- modules -------------------------------------------------------------------------------
+
+RmsNormImpl::RmsNormImpl(int64_t dim, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", at::empty({dim}, at::kFloat));
+}
+
+torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return (normed * weight.to(at::kFloat)).to(x.scalar_type());
+}
+
+ProjectionImpl::ProjectionImpl(int64_t in, int64_t out) {
+  weight = register_parameter("weight", at::empty({out, in}, at::kFloat));
+}
+
+ProjectionImpl::ProjectionImpl(torch::Tensor shared_weight) {
+  weight = register_parameter("weight", std::move(shared_weight));
+}
+
+torch::Tensor ProjectionImpl::forward(const torch::Tensor& x) { return at::matmul(x, weight.t()); }
+
+EmbeddingImpl::EmbeddingImpl(int64_t vocab, int64_t dim) {
+  weight = register_parameter("weight", at::empty({vocab, dim}, at::kFloat));
+}
+
+torch::Tensor EmbeddingImpl::forward(const torch::Tensor& tokens) {
+  return at::embedding(weight, tokens);
+}
+
+AttentionImpl::AttentionImpl(const LlamaConfig& c) : heads(c.num_heads), rope_theta(c.rope_theta) {
+  q_proj = register_module("q_proj", Projection(c.hidden_size, c.hidden_size));
+  k_proj = register_module("k_proj", Projection(c.hidden_size, c.hidden_size));
+  v_proj = register_module("v_proj", Projection(c.hidden_size, c.hidden_size));
+  o_proj = register_module("o_proj", Projection(c.hidden_size, c.hidden_size));
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t batch = x.size(0);
+  const int64_t seq = x.size(1);
+  const int64_t hidden = x.size(2);
+  const int64_t head_dim = hidden / heads;
+  auto split = [&](const at::Tensor& t) {
+    return t.view({batch, seq, heads, head_dim}).transpose(1, 2);  // [B, H, S, D]
+  };
+  at::Tensor q = split(q_proj(x));
+  at::Tensor k = split(k_proj(x));
+  at::Tensor v = split(v_proj(x));
+  // Rotary positions (the "rotate half" form): angle = position / theta^(2i / head_dim).
+  const at::Tensor inv_freq = 1.0 / at::pow(rope_theta, at::arange(0, head_dim, 2, at::kFloat) /
+                                                            static_cast<double>(head_dim));
+  const at::Tensor freqs = at::outer(at::arange(seq, at::kFloat), inv_freq);
+  const at::Tensor angles = at::cat({freqs, freqs}, -1);  // [S, D]
+  const at::Tensor cos = angles.cos().to(x.scalar_type());
+  const at::Tensor sin = angles.sin().to(x.scalar_type());
+  q = q * cos + rotate_half(q) * sin;
+  k = k * cos + rotate_half(k) * sin;
+  at::Tensor scores =
+      at::matmul(q, k.transpose(-2, -1)).to(at::kFloat) / std::sqrt(static_cast<double>(head_dim));
+  const at::Tensor future = at::ones({seq, seq}, at::kBool).triu(1);
+  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  const at::Tensor probs = at::softmax(scores, -1).to(x.scalar_type());
+  const at::Tensor out = at::matmul(probs, v).transpose(1, 2).reshape({batch, seq, hidden});
+  return o_proj(out);
+}
+
+MlpImpl::MlpImpl(const LlamaConfig& c) {
+  gate_proj = register_module("gate_proj", Projection(c.hidden_size, c.intermediate_size));
+  up_proj = register_module("up_proj", Projection(c.hidden_size, c.intermediate_size));
+  down_proj = register_module("down_proj", Projection(c.intermediate_size, c.hidden_size));
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  return down_proj(at::silu(gate_proj(x)) * up_proj(x));
+}
+
+DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& c) {
+  input_layernorm = register_module("input_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps));
+  self_attn = register_module("self_attn", Attention(c));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps));
+  mlp = register_module("mlp", Mlp(c));
+}
+
+torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x) {
+  const at::Tensor h = x + self_attn(input_layernorm(x));
+  return h + mlp(post_attention_layernorm(h));
+}
+
+LlamaBodyImpl::LlamaBodyImpl(const LlamaConfig& c) {
+  embed_tokens = register_module("embed_tokens", Embedding(c.vocab_size, c.hidden_size));
+  layer_list = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    layers.emplace_back(DecoderLayer(c));
+    layer_list->push_back(layers.back());
+  }
+  norm = register_module("norm", RmsNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& config, at::ScalarType dtype) : config_(config) {
+  config_.validate();
+  model = register_module("model", LlamaBody(config_));
+  lm_head = register_module("lm_head", config_.tie_embeddings
+                                           ? Projection(model->embed_tokens->weight)
+                                           : Projection(config_.hidden_size, config_.vocab_size));
+  if (dtype != at::kFloat) {
+    to(dtype);
+  }
+}
+
+torch::Tensor LlamaModelImpl::forward(const torch::Tensor& tokens) {
+  at::Tensor x = model->embed_tokens(tokens);
+  for (zero::ZeroBlock& layer : model->layers) {
+    x = layer(x);
+  }
+  x = model->norm(x);
+  return lm_head(x).to(at::kFloat);
+}
+
+torch::Tensor LlamaModelImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets) {
+  const at::Tensor logits = forward(tokens);
+  return at::cross_entropy_loss(logits.reshape({-1, config_.vocab_size}), targets.reshape({-1}));
+}
+
+void LlamaModelImpl::initialize(uint64_t seed) {
+  at::NoGradGuard no_grad;
+  std::vector<const void*> done;  // a tied tensor takes the values of its first name
+  for (const auto& item : named_parameters(/*recurse=*/true)) {
+    const void* impl = item.value().unsafeGetTensorImpl();
+    if (std::find(done.begin(), done.end(), impl) != done.end()) {
+      continue;
+    }
+    done.push_back(impl);
+    at::Tensor full = at::empty(item.value().sizes(), at::kFloat);
+    init_parameter(seed, item.key(), full);
+    item.value().copy_(full);
+  }
+}
+
+void init_parameter(uint64_t seed, const std::string& name, torch::Tensor& full) {
+  at::NoGradGuard no_grad;
+  if (ends_with(name, "layernorm.weight") || ends_with(name, "norm.weight")) {
+    full.fill_(1.0);
+    return;
+  }
+  at::Generator generator = at::detail::createCPUGenerator(parameter_seed(seed, name));
+  full.normal_(0.0, 0.02, generator);
+}
+
+}  // namespace zinf::engine

@@ -1,0 +1,149 @@
+// The reference model of `zinf train`: a Llama-style decoder in LibTorch — token embedding,
+// decoder layers (RMSNorm, multi-head causal self-attention with rotary positions, RMSNorm,
+// SwiGLU MLP, residual connections), a final RMSNorm and an output head, optionally tied to
+// the embedding. Parameter names follow Hugging Face's Llama (`model.embed_tokens.weight`,
+// `model.layers.0.self_attn.q_proj.weight`, ..., `lm_head.weight`), so consolidated
+// checkpoints load into HF tools and HF checkpoints load here.
+//
+// Each decoder layer is wrapped in a zero::ZeroBlock: under stage 3 a layer's parameters
+// exist in full only while it runs. Construction allocates parameters without writing them
+// (so a model larger than RAM can be built and partitioned one parameter at a time); their
+// values come from init_parameter(), a function of the seed and the parameter's name alone —
+// the same model for any world size, rank or construction order.
+//
+// Precision: the layers compute in their parameters' dtype (fp32, bf16 or fp16); RMSNorm
+// and softmax run in fp32; logits are returned in fp32.
+//
+// Thread safety: as torch::nn::Module.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "zero/zero_block.h"
+
+namespace zinf::engine {
+
+struct LlamaConfig {
+  std::string name = "custom";
+  int64_t vocab_size = 256;
+  int64_t hidden_size = 64;
+  int64_t num_layers = 2;
+  int64_t num_heads = 4;
+  int64_t intermediate_size = 176;
+  int64_t max_seq_len = 256;
+  bool tie_embeddings = false;
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-5;
+
+  // Parameter count of this shape (tied embeddings counted once).
+  [[nodiscard]] int64_t parameter_count() const noexcept;
+  // Throws std::invalid_argument naming the field (e.g. hidden_size not divisible by heads).
+  void validate() const;
+};
+
+// Named shapes: "tiny", "small", "125m", "350m", "1b", "3b" (vocab set by the caller).
+// nullopt for an unknown name.
+[[nodiscard]] std::optional<LlamaConfig> named_llama(const std::string& name, int64_t vocab_size);
+// "tiny, small, 125m, 350m, 1b, 3b"
+[[nodiscard]] std::string named_llama_list();
+
+// y = x / rms(x) * weight, computed in fp32.
+struct RmsNormImpl : torch::nn::Module {
+  RmsNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+  double eps;
+};
+TORCH_MODULE(RmsNorm);
+
+// A bias-free linear map whose weight is allocated but not initialised.
+struct ProjectionImpl : torch::nn::Module {
+  ProjectionImpl(int64_t in, int64_t out);
+  // Shares `weight` (a tied output head).
+  explicit ProjectionImpl(torch::Tensor shared_weight);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;  // [out, in]
+};
+TORCH_MODULE(Projection);
+
+struct AttentionImpl : torch::nn::Module {
+  explicit AttentionImpl(const LlamaConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);  // [batch, seq, hidden]
+  Projection q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  int64_t heads;
+  double rope_theta;
+};
+TORCH_MODULE(Attention);
+
+struct MlpImpl : torch::nn::Module {
+  explicit MlpImpl(const LlamaConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);
+  Projection gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+struct DecoderLayerImpl : torch::nn::Module {
+  explicit DecoderLayerImpl(const LlamaConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);
+  RmsNorm input_layernorm{nullptr};
+  Attention self_attn{nullptr};
+  RmsNorm post_attention_layernorm{nullptr};
+  Mlp mlp{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+// A token embedding whose weight is allocated but not initialised.
+struct EmbeddingImpl : torch::nn::Module {
+  EmbeddingImpl(int64_t vocab, int64_t dim);
+  torch::Tensor forward(const torch::Tensor& tokens);
+  torch::Tensor weight;  // [vocab, dim]
+};
+TORCH_MODULE(Embedding);
+
+// `model.*`: embedding, layers, final norm.
+struct LlamaBodyImpl : torch::nn::Module {
+  explicit LlamaBodyImpl(const LlamaConfig& config);
+  Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layer_list{nullptr};
+  std::vector<zero::ZeroBlock> layers;
+  RmsNorm norm{nullptr};
+};
+TORCH_MODULE(LlamaBody);
+
+class LlamaModelImpl : public torch::nn::Module {
+ public:
+  // Parameters are allocated in `dtype` (float, bfloat16 or half) and left uninitialised:
+  // call initialize() or hand init_parameter() to a ZeroModel.
+  LlamaModelImpl(const LlamaConfig& config, at::ScalarType dtype = at::kFloat);
+
+  // tokens [batch, seq] (int64) -> logits [batch, seq, vocab] (fp32).
+  torch::Tensor forward(const torch::Tensor& tokens);
+  // Mean cross-entropy of predicting targets [batch, seq] from tokens.
+  torch::Tensor loss(const torch::Tensor& tokens, const torch::Tensor& targets);
+
+  // Fills every parameter with init_parameter(seed, name) (for models used without ZeRO).
+  void initialize(uint64_t seed);
+
+  [[nodiscard]] const LlamaConfig& config() const noexcept { return config_; }
+
+  LlamaBody model{nullptr};
+  Projection lm_head{nullptr};  // weight [vocab, hidden]; the embedding's when tied
+
+ private:
+  LlamaConfig config_;
+};
+TORCH_MODULE(LlamaModel);
+
+// The initial values of parameter `name` of shape `full` (fp32, written in place): norms
+// 1, every other weight N(0, 0.02) from a generator seeded by (seed, name). The same values
+// whatever the world size or the order of calls.
+void init_parameter(uint64_t seed, const std::string& name, torch::Tensor& full);
+
+}  // namespace zinf::engine
