@@ -12,6 +12,7 @@ packages=(
   libfmt-dev libspdlog-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libtorch-dev libgloo-dev
+  libopenblas0-openmp
   fio python3
 )
 

@@ -134,6 +134,49 @@ TEST(ZeroModelParity, GradientAccumulationMatchesOneLargeBatch) {
   check_parity(c, dir.path());
 }
 
+TEST(ZeroModelParity, FourAccumulatedMicroBatchesEqualOneBatchOfFourTimesTheSize) {
+  const uint64_t seed = ::zinf::testing::test_seed();
+  ZINF_TRACE_SEED(seed);
+  NetShape shape;
+  std::vector<torch::Tensor> masters[2];
+  for (int accumulate = 0; accumulate < 2; ++accumulate) {
+    testing::Net net = make_net(shape, seed);
+    offload::CpuAccelerator accelerator(1ull << 30);
+    SingleCommunicator comm;
+    optimizer_cpu::AdamOptimizer adam(adam_config(TrainOptions{}));
+    ZeroConfig config;
+    config.stage = 3;
+    config.gradient_accumulation_steps = accumulate ? 4 : 1;
+    ZeroModel model(*net, config, accelerator, comm, adam);
+    for (int step = 0; step < 5; ++step) {
+      std::vector<testing::Batch> parts;
+      for (int k = 0; k < 4; ++k)
+        parts.push_back(testing::make_batch(shape, 4, seed, step * 4 + k));
+      auto run = [&](const torch::Tensor& x, const torch::Tensor& y, int mb, double divide) {
+        model.begin_micro_batch(mb);
+        (torch::mse_loss(net->forward(x), y) / divide).backward();
+        model.end_micro_batch();
+      };
+      if (accumulate) {
+        for (int k = 0; k < 4; ++k) run(parts[k].x, parts[k].y, k, 4.0);
+      } else {
+        std::vector<torch::Tensor> xs, ys;
+        for (const auto& p : parts) {
+          xs.push_back(p.x);
+          ys.push_back(p.y);
+        }
+        run(torch::cat(xs), torch::cat(ys), 0, 1.0);
+      }
+      EXPECT_FALSE(model.step(step + 1, 1.0).skipped);
+    }
+    masters[accumulate] = model.gather_master();
+  }
+  for (size_t i = 0; i < masters[0].size(); ++i) {
+    const double scale = std::max(masters[1][i].abs().max().item<double>(), 1e-12);
+    EXPECT_LE((masters[0][i] - masters[1][i]).abs().max().item<double>() / scale, 1e-5) << i;
+  }
+}
+
 TEST(ZeroModelParity, ClippingByTheGlobalNorm) {
   ::zinf::testing::TempDir dir;
   for (OffloadTarget target : {OffloadTarget::kNone, OffloadTarget::kNvme}) {
