@@ -79,18 +79,62 @@ std::optional<LlamaConfig> named_llama(const std::string& name, int64_t vocab_si
     c.hidden_size = 2048, c.num_layers = 16, c.num_heads = 32, c.intermediate_size = 5504;
   } else if (name == "3b") {
     c.hidden_size = 3200, c.num_layers = 26, c.num_heads = 32, c.intermediate_size = 8640;
+  } else if (name == "7b") {
+    c.hidden_size = 4096, c.num_layers = 32, c.num_heads = 32, c.intermediate_size = 11008;
+  } else if (name == "13b") {
+    c.hidden_size = 5120, c.num_layers = 40, c.num_heads = 40, c.intermediate_size = 13824;
   } else {
     return std::nullopt;
   }
   return c;
 }
 
-std::string named_llama_list() { return "tiny, small, 125m, 350m, 1b, 3b"; }
+std::string named_llama_list() { return "tiny, small, 125m, 350m, 1b, 3b, 7b, 13b"; }
+
+std::vector<LlamaParameterShape> llama_parameter_shapes(const LlamaConfig& c) {
+  const int64_t h = c.hidden_size;
+  const int64_t inter = c.intermediate_size;
+  std::vector<LlamaParameterShape> out;
+  out.push_back({"model.embed_tokens.weight", c.vocab_size * h, false});
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const std::string p = fmt::format("model.layers.{}.", i);
+    out.push_back({p + "input_layernorm.weight", h, true});
+    for (const char* proj : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
+      out.push_back({p + "self_attn." + proj + ".weight", h * h, true});
+    }
+    out.push_back({p + "post_attention_layernorm.weight", h, true});
+    out.push_back({p + "mlp.gate_proj.weight", h * inter, true});
+    out.push_back({p + "mlp.up_proj.weight", h * inter, true});
+    out.push_back({p + "mlp.down_proj.weight", inter * h, true});
+  }
+  out.push_back({"model.norm.weight", h, false});
+  if (!c.tie_embeddings) out.push_back({"lm_head.weight", c.vocab_size * h, false});
+  return out;
+}
+
+uint64_t llama_activation_bytes(const LlamaConfig& c, int64_t batch, int64_t seq,
+                                int64_t element_bytes) {
+  const auto tokens = static_cast<uint64_t>(batch * seq);
+  const auto e = static_cast<uint64_t>(element_bytes);
+  const auto h = static_cast<uint64_t>(c.hidden_size);
+  const auto inter = static_cast<uint64_t>(c.intermediate_size);
+  // Saved block inputs, one per layer, plus the residual stream in and out of the stack.
+  const uint64_t saved = (static_cast<uint64_t>(c.num_layers) + 2) * tokens * h * e;
+  // One layer recomputed with grad: norms, q/k/v/o and rotary copies (~8 h), the MLP's
+  // gate/up/silu/product (4 inter), scores and probabilities in fp32 and the dtype; their
+  // gradients about as much again.
+  const uint64_t scores = static_cast<uint64_t>(batch) * static_cast<uint64_t>(c.num_heads) *
+                          static_cast<uint64_t>(seq) * static_cast<uint64_t>(seq) * (4 + 4 + e);
+  const uint64_t layer = 2 * (tokens * (8 * h + 4 * inter) * e + scores);
+  // fp32 logits, their softmax and gradient.
+  const uint64_t logits = 3 * tokens * static_cast<uint64_t>(c.vocab_size) * 4;
+  return saved + layer + logits;
+}
 
 // ---- modules -------------------------------------------------------------------------------
 
-RmsNormImpl::RmsNormImpl(int64_t dim, double eps_) : eps(eps_) {
-  weight = register_parameter("weight", at::empty({dim}, at::kFloat));
+RmsNormImpl::RmsNormImpl(int64_t dim, double eps_, at::ScalarType dtype) : eps(eps_) {
+  weight = register_parameter("weight", at::empty({dim}, dtype));
 }
 
 torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
@@ -99,8 +143,8 @@ torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
   return (normed * weight.to(at::kFloat)).to(x.scalar_type());
 }
 
-ProjectionImpl::ProjectionImpl(int64_t in, int64_t out) {
-  weight = register_parameter("weight", at::empty({out, in}, at::kFloat));
+ProjectionImpl::ProjectionImpl(int64_t in, int64_t out, at::ScalarType dtype) {
+  weight = register_parameter("weight", at::empty({out, in}, dtype));
 }
 
 ProjectionImpl::ProjectionImpl(torch::Tensor shared_weight) {
@@ -109,8 +153,8 @@ ProjectionImpl::ProjectionImpl(torch::Tensor shared_weight) {
 
 torch::Tensor ProjectionImpl::forward(const torch::Tensor& x) { return at::matmul(x, weight.t()); }
 
-EmbeddingImpl::EmbeddingImpl(int64_t vocab, int64_t dim) {
-  weight = register_parameter("weight", at::empty({vocab, dim}, at::kFloat));
+EmbeddingImpl::EmbeddingImpl(int64_t vocab, int64_t dim, at::ScalarType dtype) {
+  weight = register_parameter("weight", at::empty({vocab, dim}, dtype));
 }
 
 torch::Tensor EmbeddingImpl::forward(const torch::Tensor& tokens) {
@@ -118,10 +162,10 @@ torch::Tensor EmbeddingImpl::forward(const torch::Tensor& tokens) {
 }
 
 AttentionImpl::AttentionImpl(const LlamaConfig& c) : heads(c.num_heads), rope_theta(c.rope_theta) {
-  q_proj = register_module("q_proj", Projection(c.hidden_size, c.hidden_size));
-  k_proj = register_module("k_proj", Projection(c.hidden_size, c.hidden_size));
-  v_proj = register_module("v_proj", Projection(c.hidden_size, c.hidden_size));
-  o_proj = register_module("o_proj", Projection(c.hidden_size, c.hidden_size));
+  q_proj = register_module("q_proj", Projection(c.hidden_size, c.hidden_size, c.dtype));
+  k_proj = register_module("k_proj", Projection(c.hidden_size, c.hidden_size, c.dtype));
+  v_proj = register_module("v_proj", Projection(c.hidden_size, c.hidden_size, c.dtype));
+  o_proj = register_module("o_proj", Projection(c.hidden_size, c.hidden_size, c.dtype));
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
@@ -154,9 +198,9 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
 }
 
 MlpImpl::MlpImpl(const LlamaConfig& c) {
-  gate_proj = register_module("gate_proj", Projection(c.hidden_size, c.intermediate_size));
-  up_proj = register_module("up_proj", Projection(c.hidden_size, c.intermediate_size));
-  down_proj = register_module("down_proj", Projection(c.intermediate_size, c.hidden_size));
+  gate_proj = register_module("gate_proj", Projection(c.hidden_size, c.intermediate_size, c.dtype));
+  up_proj = register_module("up_proj", Projection(c.hidden_size, c.intermediate_size, c.dtype));
+  down_proj = register_module("down_proj", Projection(c.intermediate_size, c.hidden_size, c.dtype));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
@@ -164,10 +208,10 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& c) {
-  input_layernorm = register_module("input_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps));
+  input_layernorm = register_module("input_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps, c.dtype));
   self_attn = register_module("self_attn", Attention(c));
   post_attention_layernorm =
-      register_module("post_attention_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps));
+      register_module("post_attention_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps, c.dtype));
   mlp = register_module("mlp", Mlp(c));
 }
 
@@ -177,24 +221,23 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x) {
 }
 
 LlamaBodyImpl::LlamaBodyImpl(const LlamaConfig& c) {
-  embed_tokens = register_module("embed_tokens", Embedding(c.vocab_size, c.hidden_size));
+  embed_tokens = register_module("embed_tokens", Embedding(c.vocab_size, c.hidden_size, c.dtype));
   layer_list = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_layers; ++i) {
     layers.emplace_back(DecoderLayer(c));
     layer_list->push_back(layers.back());
   }
-  norm = register_module("norm", RmsNorm(c.hidden_size, c.rms_norm_eps));
+  norm = register_module("norm", RmsNorm(c.hidden_size, c.rms_norm_eps, c.dtype));
 }
 
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& config, at::ScalarType dtype) : config_(config) {
   config_.validate();
+  config_.dtype = dtype;  // every parameter is allocated in it: no fp32 copy to convert
   model = register_module("model", LlamaBody(config_));
   lm_head = register_module("lm_head", config_.tie_embeddings
                                            ? Projection(model->embed_tokens->weight)
-                                           : Projection(config_.hidden_size, config_.vocab_size));
-  if (dtype != at::kFloat) {
-    to(dtype);
-  }
+                                           : Projection(config_.hidden_size, config_.vocab_size,
+                                                        config_.dtype));
 }
 
 torch::Tensor LlamaModelImpl::forward(const torch::Tensor& tokens) {

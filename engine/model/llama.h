@@ -41,6 +41,8 @@ struct LlamaConfig {
   bool tie_embeddings = false;
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-5;
+  // Element type the parameters are allocated in (LlamaModelImpl sets it from its argument).
+  at::ScalarType dtype = at::kFloat;
 
   // Parameter count of this shape (tied embeddings counted once).
   [[nodiscard]] int64_t parameter_count() const noexcept;
@@ -48,15 +50,33 @@ struct LlamaConfig {
   void validate() const;
 };
 
-// Named shapes: "tiny", "small", "125m", "350m", "1b", "3b" (vocab set by the caller).
+// Named shapes: "tiny", "small", "125m", "350m", "1b", "3b", "7b", "13b" (vocab set by the
+// caller; the last two for `zinf estimate`).
 // nullopt for an unknown name.
 [[nodiscard]] std::optional<LlamaConfig> named_llama(const std::string& name, int64_t vocab_size);
-// "tiny, small, 125m, 350m, 1b, 3b"
+// "tiny, small, 125m, ..."
 [[nodiscard]] std::string named_llama_list();
+
+// One parameter of the model as HF names it, without building the model (for `zinf estimate`
+// and plans of models too large to construct here).
+struct LlamaParameterShape {
+  std::string name;
+  int64_t numel = 0;
+  bool in_block = false;  // a decoder layer's (inside a ZeroBlock)
+};
+// In the order LlamaModel registers them; a tied head is not listed again.
+[[nodiscard]] std::vector<LlamaParameterShape> llama_parameter_shapes(const LlamaConfig& config);
+
+// Activation bytes of one micro-batch of `batch` x `seq` tokens with `element_bytes`-byte
+// activations under ZeroBlock recomputation: every layer's saved input, one layer's forward
+// and backward intermediates (attention scores in fp32 included), and the fp32 logits with
+// their gradient. An estimate for the memory plan, not a bound.
+[[nodiscard]] uint64_t llama_activation_bytes(const LlamaConfig& config, int64_t batch,
+                                              int64_t seq, int64_t element_bytes);
 
 // y = x / rms(x) * weight, computed in fp32.
 struct RmsNormImpl : torch::nn::Module {
-  RmsNormImpl(int64_t dim, double eps);
+  RmsNormImpl(int64_t dim, double eps, at::ScalarType dtype = at::kFloat);
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor weight;
   double eps;
@@ -65,7 +85,7 @@ TORCH_MODULE(RmsNorm);
 
 // A bias-free linear map whose weight is allocated but not initialised.
 struct ProjectionImpl : torch::nn::Module {
-  ProjectionImpl(int64_t in, int64_t out);
+  ProjectionImpl(int64_t in, int64_t out, at::ScalarType dtype = at::kFloat);
   // Shares `weight` (a tied output head).
   explicit ProjectionImpl(torch::Tensor shared_weight);
   torch::Tensor forward(const torch::Tensor& x);
@@ -101,7 +121,7 @@ TORCH_MODULE(DecoderLayer);
 
 // A token embedding whose weight is allocated but not initialised.
 struct EmbeddingImpl : torch::nn::Module {
-  EmbeddingImpl(int64_t vocab, int64_t dim);
+  EmbeddingImpl(int64_t vocab, int64_t dim, at::ScalarType dtype = at::kFloat);
   torch::Tensor forward(const torch::Tensor& tokens);
   torch::Tensor weight;  // [vocab, dim]
 };
