@@ -535,7 +535,11 @@ void parse_aio(JsonBlock& top, RunConfig& c) {
   a.intra_op_parallelism = static_cast<int>(b->integer(threads, a.intra_op_parallelism, 1, 256));
   a.single_submit = b->boolean("single_submit", a.single_submit);
   a.overlap_events = b->boolean("overlap_events", a.overlap_events);
-  b->unsupported("use_gds", false, "NVMe traffic goes through pinned host buffers");
+  if (b->boolean("use_gds", false)) {
+    top.context().fail(b->path_of("use_gds"),
+                       "true is refused: zinf has no GPUDirect Storage path (NVMe traffic goes "
+                       "through pinned host buffers); set it to false");
+  }
   // `backend` is the key `zinf nvme-tune` writes into this block (DeepSpeed ignores keys it
   // does not know in "aio", so the file stays valid for it).
   if (b->has("backend")) {

@@ -477,8 +477,9 @@ TEST(ParseConfigTest, AioBlock) {
   expect_error(parse_error(R"({"aio": {"queue_depth": 0}})"), "aio.queue_depth", {"[1, 4096]"});
   expect_error(parse_error(R"({"aio": {"backend": "spdk"}})"), "aio.backend",
                {"\"io_uring\", \"libaio\", \"psync\""});
-  c = parse(R"({"aio": {"use_gds": true}})");
-  EXPECT_TRUE(has_warning(c, {"aio.use_gds", "not supported"}));
+  expect_error(parse_error(R"({"aio": {"use_gds": true}})"), "aio.use_gds",
+               {"no GPUDirect Storage"});
+  EXPECT_NO_THROW((void)parse(R"({"aio": {"use_gds": false}})"));
 }
 
 TEST(ParseConfigTest, CsvMonitorCheckpointAndTopLevelScalars) {
