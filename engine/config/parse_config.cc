@@ -360,7 +360,15 @@ void parse_scheduler(JsonBlock& top, RunConfig& c) {
   const bool pending =
       std::any_of(top.context().auto_keys.begin(), top.context().auto_keys.end(),
                   [](const std::string& key) { return key.rfind("scheduler.", 0) == 0; });
-  if (!pending) check_scheduler(c.scheduler, top.context().source);
+  if (pending) return;
+  check_scheduler(c.scheduler, top.context().source);
+  const SchedulerConfig& s = c.scheduler;
+  if (s.type == SchedulerType::kWarmupDecayLR && s.total_num_steps < s.warmup_num_steps) {
+    // DeepSpeed warns too: the decay never starts within the run.
+    top.context().warn(
+        "scheduler.params.total_num_steps",
+        fmt::format("{} is less than warmup_num_steps {}", s.total_num_steps, s.warmup_num_steps));
+  }
 }
 
 // ---- zero_optimization --------------------------------------------------------------------------

@@ -115,6 +115,73 @@ TEST(ParseConfigTest, Zero3NvmeExample) {
   EXPECT_TRUE(c.zero.aio.overlap_events);
 }
 
+TEST(ParseConfigTest, EveryDocumentedKeyIsReadWithoutWarnings) {
+  RunConfig c = parse(R"({
+    "train_batch_size": 64, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+    "gradient_clipping": 0.5, "steps_per_print": 7, "wall_clock_breakdown": true,
+    "dump_state": false, "prescale_gradients": false, "communication_data_type": "fp32",
+    "optimizer": {"type": "Adam", "params": {"lr": 2e-4, "betas": [0.8, 0.99], "eps": 1e-6,
+        "weight_decay": 0.1, "bias_correction": false, "adam_w_mode": false,
+        "torch_adam": false}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 1e-5, "warmup_max_lr": 2e-4,
+        "warmup_num_steps": 30, "warmup_type": "linear"}},
+    "fp16": {"enabled": true, "auto_cast": true, "loss_scale": 128, "initial_scale_power": 12,
+        "loss_scale_window": 500, "hysteresis": 3, "consecutive_hysteresis": true,
+        "min_loss_scale": 0.5},
+    "bf16": {"enabled": false},
+    "zero_optimization": {"stage": 3, "contiguous_gradients": false, "reduce_scatter": false,
+        "reduce_bucket_size": 2e6, "allgather_partitions": false, "allgather_bucket_size": 3e6,
+        "overlap_comm": false, "sub_group_size": 4e6, "stage3_prefetch_bucket_size": 5e6,
+        "stage3_param_persistence_threshold": 6e3, "stage3_model_persistence_threshold": 7e6,
+        "stage3_max_live_parameters": 8e6, "stage3_max_reuse_distance": 9e6,
+        "stage3_gather_16bit_weights_on_model_save": true,
+        "offload_param": {"device": "nvme", "nvme_path": "/p", "buffer_count": 6,
+            "buffer_size": 2e7, "max_in_cpu": 3e7, "pin_memory": true},
+        "offload_optimizer": {"device": "nvme", "nvme_path": "/o", "buffer_count": 8,
+            "pin_memory": true, "pipeline_read": true, "pipeline_write": true,
+            "fast_init": true, "ratio": 0.5}},
+    "aio": {"block_size": 2097152, "queue_depth": 16, "intra_op_parallelism": 4,
+        "single_submit": true, "overlap_events": false, "use_gds": false},
+    "csv_monitor": {"enabled": true, "output_path": "out", "job_name": "j"},
+    "checkpoint": {"tag_validation": "Ignore", "load_universal": false,
+        "use_node_local_storage": true}})");
+  EXPECT_TRUE(c.warnings.empty()) << c.warnings.front();
+  EXPECT_DOUBLE_EQ(c.zero.gradient_clipping, 0.5);
+  EXPECT_EQ(c.steps_per_print, 7);
+  EXPECT_FALSE(c.optimizer.bias_correction);
+  EXPECT_FALSE(c.optimizer.adam_w_mode);
+  EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-6);
+  EXPECT_DOUBLE_EQ(c.scheduler.warmup_min_lr, 1e-5);
+  EXPECT_TRUE(c.precision.fp16_auto_cast);
+  EXPECT_EQ(c.zero.loss_scale.loss_scale, 128.0);
+  EXPECT_EQ(c.zero.loss_scale.initial_scale_power, 12);
+  EXPECT_EQ(c.zero.loss_scale.loss_scale_window, 500);
+  EXPECT_EQ(c.zero.loss_scale.hysteresis, 3);
+  EXPECT_TRUE(c.zero.loss_scale.consecutive_hysteresis);
+  EXPECT_EQ(c.zero.loss_scale.min_loss_scale, 0.5);
+  EXPECT_FALSE(c.zero.contiguous_gradients);
+  EXPECT_FALSE(c.zero.reduce_scatter);
+  EXPECT_FALSE(c.zero.overlap_comm);
+  EXPECT_FALSE(c.zero_extra.allgather_partitions);
+  EXPECT_EQ(c.zero.sub_group_size, 4'000'000u);
+  EXPECT_EQ(c.zero.model_persistence_threshold, 7'000'000u);
+  EXPECT_EQ(c.zero.max_live_parameters, 8'000'000u);
+  EXPECT_EQ(c.zero.max_reuse_distance, 9'000'000u);
+  EXPECT_EQ(c.zero.param_buffer_count, 6u);
+  EXPECT_EQ(c.zero.param_buffer_size, 20'000'000u);
+  EXPECT_EQ(c.zero.param_max_in_cpu, 30'000'000u);
+  EXPECT_EQ(c.zero.optimizer_buffer_count, 8u);
+  EXPECT_TRUE(c.zero.pipeline_read);
+  EXPECT_TRUE(c.zero.pipeline_write);
+  EXPECT_TRUE(c.zero_extra.fast_init);
+  EXPECT_DOUBLE_EQ(c.zero_extra.offload_ratio, 0.5);
+  EXPECT_EQ(c.zero.nvme_paths, (std::vector<std::string>{"/p", "/o"}));
+  EXPECT_EQ(c.zero.aio.intra_op_parallelism, 4);
+  EXPECT_EQ(c.zero.communication_data_type, "fp32");
+  EXPECT_EQ(c.checkpoint.tag_validation, "Ignore");
+  EXPECT_TRUE(c.checkpoint.use_node_local_storage);
+}
+
 // ---- defaults and number forms ------------------------------------------------------------------
 
 TEST(ParseConfigTest, EmptyConfigHasDeepSpeedDefaults) {
@@ -413,6 +480,11 @@ TEST(ParseConfigTest, SchedulerTypesAndRequiredParameters) {
   expect_error(parse_error(R"({"scheduler": {"type": "WarmupCosineLR", "params": {
                    "total_num_steps": 1000, "warmup_type": "cubic"}}})"),
                "scheduler.params.warmup_type", {"\"log\" or \"linear\"", "\"cubic\""});
+  c = parse(R"({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 10,
+                "warmup_num_steps": 20}}})");
+  EXPECT_TRUE(has_warning(c, {"scheduler.params.total_num_steps",
+                              "10 is less than "
+                              "warmup_num_steps 20"}));
   // WarmupLR falls back to log with a warning, as DeepSpeed does.
   c = parse(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cubic"}}})");
   EXPECT_EQ(c.scheduler.warmup_type, WarmupType::kLog);
