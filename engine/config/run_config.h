@@ -18,8 +18,9 @@
 // them give a warning when they ask for something zinf does not do.
 //
 // Errors: ConfigError, whose message names the config source, the JSON path and the reason,
-// with the values involved ("ds.json: zero_optimization.offload_param: needs stage 3, the
-// config has stage 2"). No other exception leaves these functions except std::bad_alloc.
+// with the values involved ("ds.json: zero_optimization.offload_param: offloading parameters
+// (device "cpu") needs stage 3; zero_optimization.stage is 2"). No other exception leaves
+// these functions except std::bad_alloc.
 //
 // Thread safety: RunConfig is a plain value; the functions are pure except parse_config,
 // which reads a file.
