@@ -219,6 +219,7 @@ struct TuneFlags {
   double budget_s = 600;
   int loops = 1;
   std::string write_config;
+  bool create = false;
   AioFlags aio;
 };
 
@@ -238,6 +239,15 @@ void run_tune_command(const TuneFlags& f) {
     throw std::invalid_argument(fmt::format("{}: not a folder", options.folder));
   }
   if (options.loops < 1) throw std::invalid_argument("--loops must be at least 1");
+  if (f.create && f.write_config.empty()) {
+    throw std::invalid_argument("--create goes with --write-config FILE");
+  }
+  // The config file is checked before the first run: a typo must not cost a tuning session.
+  if (!f.write_config.empty()) {
+    for (const std::string& w : check_config_for_aio_block(f.write_config, f.create)) {
+      fmt::print(stderr, "zinf: warning: {}\n", w);
+    }
+  }
 
   fmt::print("zinf nvme-tune: {} written and read per run in {}, backend {}, budget {:.0f} s\n",
              format_bytes(options.size_bytes), options.folder, aio::to_string(options.backend),
@@ -257,7 +267,7 @@ void run_tune_command(const TuneFlags& f) {
   block["aio"] = aio_config_to_json(r.best.config);
   fmt::print("{}\n", block.dump(2));
   if (!f.write_config.empty()) {
-    write_aio_block(f.write_config, r.best.config);
+    write_aio_block(f.write_config, r.best.config, f.create);
     fmt::print("wrote the aio block into {}\n", f.write_config);
   }
 }
@@ -302,7 +312,9 @@ void add_nvme_tune_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--loops", f->loops, "Timed loops per direction per configuration")
       ->capture_default_str();
   cmd->add_option("--write-config", f->write_config,
-                  "Config file whose aio block is replaced with the best settings");
+                  "Config file whose aio block is replaced with the best settings (checked "
+                  "before the first run; only the block's text changes)");
+  cmd->add_flag("--create", f->create, "With --write-config: create FILE if it does not exist");
   add_aio_flags(cmd, f->aio, false);
   cmd->callback([f, &exit_code] { guarded(exit_code, [&] { run_tune_command(*f); }); });
 }
