@@ -13,6 +13,7 @@
 #include "tools/aio_config_json.h"
 #include "tools/byte_size.h"
 #include "tools/commands.h"
+#include "tools/interrupt.h"
 #include "tools/io_job.h"
 #include "tools/nvme_tune.h"
 
@@ -88,11 +89,17 @@ std::string describe(const aio::AioConfig& c) {
                      c.overlap_events ? "overlapped" : "sequential");
 }
 
-// Runs `body`, turning the errors a user can cause into one line on stderr and exit code 1.
+// Runs `body`, turning the errors a user can cause into one line on stderr and exit code 1,
+// and SIGINT/SIGTERM into one line saying what was interrupted and exit code 128 + signal
+// (the body has drained its I/O and removed its temporary files on the way out).
 void guarded(int& exit_code, const std::function<void()>& body) {
   try {
+    InterruptScope interrupts;
     body();
     exit_code = 0;
+  } catch (const Interrupted& e) {
+    fmt::print(stderr, "zinf: interrupted by {}: {}\n", signal_name(e.signal_number()), e.what());
+    exit_code = 128 + e.signal_number();
   } catch (const aio::IoError& e) {
     fmt::print(stderr, "zinf: I/O error: {}\n", e.what());
     exit_code = 1;

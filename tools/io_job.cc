@@ -20,6 +20,7 @@
 #include "aio/handle.h"
 #include "aio/pinned_buffer.h"
 #include "tools/byte_size.h"
+#include "tools/interrupt.h"
 
 namespace zinf::tools {
 namespace {
@@ -152,10 +153,11 @@ using ChunkFn = std::function<void(std::byte* data, uint64_t file_offset, uint64
 
 // Moves file bytes [0, size) through the ring: one transfer per chunk, up to ring_slots in
 // flight. `before` runs on a chunk's memory before it is submitted, `after` once it has
-// completed. On any error every transfer still in flight is waited for before the
-// exception leaves (the ring must outlive them).
+// completed. A SIGINT/SIGTERM is honoured between chunks (Interrupted, naming `phase`). On
+// any error every transfer still in flight is waited for before the exception leaves (the
+// ring must outlive them).
 void stream(aio::AioHandle& handle, const IoPlan& plan, std::byte* ring, uint64_t size, bool write,
-            const ChunkFn& before, const ChunkFn& after) {
+            const ChunkFn& before, const ChunkFn& after, const std::string& phase) {
   struct InFlight {
     uint64_t ticket = 0;  // 0: the slot is free
     uint64_t offset = 0;
@@ -175,6 +177,10 @@ void stream(aio::AioHandle& handle, const IoPlan& plan, std::byte* ring, uint64_
     for (uint64_t offset = 0; offset < size; offset += plan.chunk_bytes, ++k) {
       const uint64_t slot = k % slots;
       retire(slot);
+      if (int sig = interrupt_signal(); sig != 0) {
+        throw Interrupted(sig, fmt::format("{} ({} of {}) stopped at offset {}", phase,
+                                           write ? "write" : "read", plan.file, offset));
+      }
       const uint64_t bytes = std::min(plan.chunk_bytes, size - offset);
       if (before) before(memory(slot), offset, bytes);
       uint64_t ticket = write ? handle.async_pwrite(memory(slot), bytes, plan.file, offset)
@@ -314,8 +320,34 @@ IoPlan plan_io_job(const IoJob& job) {
   return plan;
 }
 
+namespace {
+
+IoJobResult run_planned_job(const IoJob& job, const IoPlan& plan,
+                            const std::function<void(int, const IoLoop&)>& on_loop);
+
+}  // namespace
+
 IoJobResult run_io_job(const IoJob& job, const std::function<void(int, const IoLoop&)>& on_loop) {
   const IoPlan plan = plan_io_job(job);
+  try {
+    return run_planned_job(job, plan, on_loop);
+  } catch (const Interrupted& e) {
+    // The file is gone by now when it was the job's own (see Cleanup below).
+    const bool removed = plan.in_folder || plan.target == IoPlan::Target::kNewFile;
+    throw Interrupted(
+        e.signal_number(),
+        fmt::format("zinf io: {}; in-flight I/O drained, {}", e.what(),
+                    removed ? fmt::format("{} removed", plan.file)
+                    : job.write || plan.prepare
+                        ? fmt::format("{} left partly overwritten (--overwrite)", plan.file)
+                        : fmt::format("{} left as it was", plan.file)));
+  }
+}
+
+namespace {
+
+IoJobResult run_planned_job(const IoJob& job, const IoPlan& plan,
+                            const std::function<void(int, const IoLoop&)>& on_loop) {
   const uint64_t size = job.size_bytes;
   IoJobResult result;
   result.file = plan.file;
@@ -334,6 +366,9 @@ IoJobResult run_io_job(const IoJob& job, const std::function<void(int, const IoL
       if (remove) ::unlink(plan.file.c_str());
     }
   } cleanup{plan, job, completed};
+  if (int sig = interrupt_signal(); sig != 0) {
+    throw Interrupted(sig, fmt::format("stopped before the first request to {}", plan.file));
+  }
 
   // The ring outlives the handle: a registered buffer must stay mapped until the rings
   // that hold it are gone, and the handle's destructor waits for what is in flight.
@@ -371,15 +406,16 @@ IoJobResult run_io_job(const IoJob& job, const std::function<void(int, const IoL
   auto read_and_check = [&] {
     if (plan.ring_holds_all) {
       std::memset(ring.data(), 0, size);
-      stream(handle, plan, ring.data(), size, false, {}, {});
+      stream(handle, plan, ring.data(), size, false, {}, {}, "reading back for --validate");
       check_pattern(plan.file, ring.data(), 0, size);
     } else {
-      stream(handle, plan, ring.data(), size, false, clear, check);
+      stream(handle, plan, ring.data(), size, false, clear, check, "reading back for --validate");
     }
   };
 
   if (plan.prepare) {
-    stream(handle, plan, ring.data(), size, true, plan.ring_holds_all ? ChunkFn{} : fill, {});
+    stream(handle, plan, ring.data(), size, true, plan.ring_holds_all ? ChunkFn{} : fill, {},
+           "writing the data to read");
     result.prepared_file = true;
   }
 
@@ -393,7 +429,8 @@ IoJobResult run_io_job(const IoJob& job, const std::function<void(int, const IoL
   for (int i = 0; i < job.loops; ++i) {
     if (!job.write && job.validate && plan.ring_holds_all) std::memset(ring.data(), 0, size);
     auto start = std::chrono::steady_clock::now();
-    stream(handle, plan, ring.data(), size, job.write, before, after);
+    stream(handle, plan, ring.data(), size, job.write, before, after,
+           fmt::format("loop {} of {}", i + 1, job.loops));
     std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
     IoLoop loop = make_loop(size, elapsed.count());
     result.loops.push_back(loop);
@@ -419,4 +456,5 @@ IoJobResult run_io_job(const IoJob& job, const std::function<void(int, const IoL
   return result;
 }
 
+}  // namespace
 }  // namespace zinf::tools
