@@ -12,6 +12,8 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "aio/config.h"
 
@@ -24,10 +26,22 @@ namespace zinf::tools {
 // The block as DeepSpeed writes it (intra_op_parallelism, not thread_count) plus `backend`.
 [[nodiscard]] nlohmann::ordered_json aio_config_to_json(const aio::AioConfig& config);
 
-// Replaces (or adds) the `aio` block of the config file at `path`, keeping every other key
-// and the key order; a missing file is created holding just the block. The file is
-// replaced atomically (temp file + fsync + rename). Throws std::runtime_error naming the
-// path on I/O or JSON errors.
-void write_aio_block(const std::string& path, const aio::AioConfig& config);
+// Checks the config file `path` that write_aio_block() will change, before any tuning run,
+// with the rules of the training config parser (engine/config): invalid JSON, a wrong type
+// or value anywhere, `use_gds: true`, and any key of the `aio` block the parser does not know
+// (a typo such as `queue_dept`, named with the nearest known key: the rewritten block would
+// silently drop it) are errors. A missing file is an error unless `create`. Returns the
+// parser's warnings about other blocks (unknown keys elsewhere), for the caller to print.
+// Throws std::invalid_argument naming the path and the key.
+[[nodiscard]] std::vector<std::string> check_config_for_aio_block(const std::string& path,
+                                                                  bool create);
+
+// Replaces (or adds) the `aio` block of the config file at `path`. Only the text of the
+// block's value changes: every other byte of the file (other keys, their order, number
+// spellings such as 1e-4, comments of layout) stays as it was. A missing file is created
+// holding just the block when `create`, and is an error otherwise. The file is replaced
+// atomically (temp file + fsync + rename, keeping its mode). Throws std::runtime_error naming
+// the path on I/O or JSON errors; the file is then unchanged.
+void write_aio_block(const std::string& path, const aio::AioConfig& config, bool create);
 
 }  // namespace zinf::tools

@@ -98,14 +98,19 @@ uint64_t parse_byte_size(std::string_view text, std::string_view what) {
 std::string format_bytes(uint64_t bytes) {
   static constexpr std::array<std::string_view, 5> kNames = {"B", "KiB", "MiB", "GiB", "TiB"};
   size_t unit = 0;
-  double value = static_cast<double>(bytes);
-  while (value >= 1024.0 && unit + 1 < kNames.size()) {
-    value /= 1024.0;
+  uint64_t scale = 1;
+  while (bytes / scale >= 1024 && unit + 1 < kNames.size()) {
+    scale *= 1024;
     ++unit;
   }
-  if (unit == 0) return fmt::format("{} B", bytes);
-  if (value == std::floor(value)) return fmt::format("{:.0f} {}", value, kNames[unit]);
-  return fmt::format("{:.2f} {}", value, kNames[unit]);
+  if (unit == 0 || bytes % scale == 0) return fmt::format("{} {}", bytes / scale, kNames[unit]);
+  // Two decimals only when they are exact (1.50 GiB, 1.25 MiB); otherwise the bytes, so that
+  // 4095 never reads as "4.00 KiB".
+  if ((bytes % scale) * 100 % scale == 0) {
+    return fmt::format("{:.2f} {}", static_cast<double>(bytes) / static_cast<double>(scale),
+                       kNames[unit]);
+  }
+  return fmt::format("{} B", bytes);
 }
 
 }  // namespace zinf::tools

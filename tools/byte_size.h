@@ -15,7 +15,8 @@ namespace zinf::tools {
 // empty, negative, unknown suffix, a fraction of a byte, or a value beyond 2^63.
 [[nodiscard]] uint64_t parse_byte_size(std::string_view text, std::string_view what);
 
-// "1 MiB", "8 MiB", "1.50 GiB", "512 B": the largest binary unit that keeps the value ≥ 1.
+// "1 MiB", "8 MiB", "1.50 GiB", "512 B": the largest binary unit that keeps the value ≥ 1,
+// when the value is exact in it with at most two decimals; otherwise bytes ("4095 B").
 [[nodiscard]] std::string format_bytes(uint64_t bytes);
 
 }  // namespace zinf::tools

@@ -8,10 +8,12 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "aio/backend.h"
 #include "aio/error.h"
 #include "tools/aio_config_json.h"
 #include "tools/byte_size.h"
 #include "tools/commands.h"
+#include "tools/interrupt.h"
 #include "tools/io_job.h"
 #include "tools/nvme_tune.h"
 
@@ -50,6 +52,22 @@ void add_aio_flags(CLI::App* cmd, AioFlags& f, bool with_grid_flags) {
 aio::AioConfig to_config(const AioFlags& f) {
   aio::AioConfig c;
   c.block_size = parse_byte_size(f.block_size, "--block-size");
+  if (c.block_size == 0 || c.block_size % 4096 != 0) {
+    throw std::invalid_argument(
+        fmt::format("--block-size: {} is not a positive multiple of 4096 bytes", c.block_size));
+  }
+  if (c.block_size > aio::kMaxRequestBytes) {
+    throw std::invalid_argument(
+        fmt::format("--block-size: {} is above the largest request the aio engine submits ({})",
+                    format_bytes(c.block_size), format_bytes(aio::kMaxRequestBytes)));
+  }
+  if (f.queue_depth < 1 || f.queue_depth > 4096) {
+    throw std::invalid_argument(
+        fmt::format("--queue-depth: {} is not in [1, 4096]", f.queue_depth));
+  }
+  if (f.parallelism < 1 || f.parallelism > 256) {
+    throw std::invalid_argument(fmt::format("--io-parallel: {} is not in [1, 256]", f.parallelism));
+  }
   c.queue_depth = f.queue_depth;
   c.intra_op_parallelism = f.parallelism;
   c.single_submit = f.single_submit;
@@ -71,11 +89,17 @@ std::string describe(const aio::AioConfig& c) {
                      c.overlap_events ? "overlapped" : "sequential");
 }
 
-// Runs `body`, turning the errors a user can cause into one line on stderr and exit code 1.
+// Runs `body`, turning the errors a user can cause into one line on stderr and exit code 1,
+// and SIGINT/SIGTERM into one line saying what was interrupted and exit code 128 + signal
+// (the body has drained its I/O and removed its temporary files on the way out).
 void guarded(int& exit_code, const std::function<void()>& body) {
   try {
+    InterruptScope interrupts;
     body();
     exit_code = 0;
+  } catch (const Interrupted& e) {
+    fmt::print(stderr, "zinf: interrupted by {}: {}\n", signal_name(e.signal_number()), e.what());
+    exit_code = 128 + e.signal_number();
   } catch (const aio::IoError& e) {
     fmt::print(stderr, "zinf: I/O error: {}\n", e.what());
     exit_code = 1;
@@ -94,9 +118,30 @@ struct IoOptions {
   bool validate = false;
   bool json = false;
   bool keep = false;
+  bool overwrite = false;
   bool no_fixed_buffers = false;
   AioFlags aio;
 };
+
+// What the header says about the file: whose it is and what happens to it.
+std::string describe_target(const IoJob& job, const IoPlan& plan) {
+  switch (plan.target) {
+    case IoPlan::Target::kBlockDevice:
+      return fmt::format("block device of {}", format_bytes(plan.existing_bytes));
+    case IoPlan::Target::kFile:
+      if (plan.in_folder) {
+        return job.keep_file ? "zinf's own file (kept afterwards: --keep)"
+                             : "zinf's own file (removed afterwards)";
+      }
+      return fmt::format("existing file of {}", format_bytes(plan.existing_bytes));
+    case IoPlan::Target::kNewFile:
+      if (plan.in_folder) {
+        return job.keep_file ? "created (kept afterwards: --keep)" : "created, removed afterwards";
+      }
+      return "does not exist: created, and kept afterwards";
+  }
+  return "";
+}
 
 void run_io_command(const IoOptions& o) {
   IoJob job;
@@ -107,13 +152,27 @@ void run_io_command(const IoOptions& o) {
   job.loops = o.loops;
   job.validate = o.validate;
   job.keep_file = o.keep;
+  job.overwrite = o.overwrite;
   job.register_buffer = !o.no_fixed_buffers;
+  // Every check before the header: a bad value never follows a half-printed table.
+  const IoPlan plan = plan_io_job(job);
 
   if (!o.json) {
     fmt::print("zinf io: {} {} ({} bytes), {} loop{}\n", job.write ? "write" : "read",
                format_bytes(job.size_bytes), job.size_bytes, job.loops, job.loops == 1 ? "" : "s");
     fmt::print("  backend {}, {}\n", aio::to_string(job.aio.backend), describe(job.aio));
+    fmt::print("  file {}: {}{}\n", plan.file, describe_target(job, plan),
+               plan.prepare ? "; the test pattern is written into it first (untimed)" : "");
+    fmt::print("  pinned {} ({} buffer{} of up to {} = block x queue depth x threads){}\n",
+               format_bytes(plan.ring_bytes), plan.ring_slots, plan.ring_slots == 1 ? "" : "s",
+               format_bytes(plan.chunk_bytes),
+               plan.ring_holds_all ? ""
+               : job.validate
+                   ? "; --size streams through them, and --validate's pattern is generated and "
+                     "checked inside the timed loops"
+                   : "; --size streams through them");
     fmt::print("  {:>6} {:>10} {:>9} {:>9}\n", "loop", "seconds", "GB/s", "GiB/s");
+    std::fflush(stdout);
   }
   IoJobResult r = run_io_job(job, [&](int i, const IoLoop& l) {
     if (!o.json) {
@@ -137,6 +196,9 @@ void run_io_command(const IoOptions& o) {
     out["median"] = {{"seconds", r.median.seconds},
                      {"gb_per_s", r.median.gb_per_s},
                      {"gib_per_s", r.median.gib_per_s}};
+    out["created_file"] = r.created_file;
+    out["prepared_file"] = r.prepared_file;
+    out["pinned_bytes"] = r.pinned_bytes;
     out["validated"] = r.validated;
     out["fixed_buffer"] = r.registered_buffer;
     out["requests"] = r.stats.requests;
@@ -164,6 +226,7 @@ struct TuneFlags {
   double budget_s = 600;
   int loops = 1;
   std::string write_config;
+  bool create = false;
   AioFlags aio;
 };
 
@@ -183,6 +246,15 @@ void run_tune_command(const TuneFlags& f) {
     throw std::invalid_argument(fmt::format("{}: not a folder", options.folder));
   }
   if (options.loops < 1) throw std::invalid_argument("--loops must be at least 1");
+  if (f.create && f.write_config.empty()) {
+    throw std::invalid_argument("--create goes with --write-config FILE");
+  }
+  // The config file is checked before the first run: a typo must not cost a tuning session.
+  if (!f.write_config.empty()) {
+    for (const std::string& w : check_config_for_aio_block(f.write_config, f.create)) {
+      fmt::print(stderr, "zinf: warning: {}\n", w);
+    }
+  }
 
   fmt::print("zinf nvme-tune: {} written and read per run in {}, backend {}, budget {:.0f} s\n",
              format_bytes(options.size_bytes), options.folder, aio::to_string(options.backend),
@@ -202,7 +274,7 @@ void run_tune_command(const TuneFlags& f) {
   block["aio"] = aio_config_to_json(r.best.config);
   fmt::print("{}\n", block.dump(2));
   if (!f.write_config.empty()) {
-    write_aio_block(f.write_config, r.best.config);
+    write_aio_block(f.write_config, r.best.config, f.create);
     fmt::print("wrote the aio block into {}\n", f.write_config);
   }
 }
@@ -220,9 +292,14 @@ void add_io_command(CLI::App& app, int& exit_code) {
   auto* write = cmd->add_flag("--write", o->write, "Measure writes (the default)");
   read->excludes(write);
   cmd->add_option("--loops", o->loops, "Timed loops")->capture_default_str();
-  cmd->add_flag("--validate", o->validate, "Write a pattern, read it back and compare");
+  cmd->add_flag("--validate", o->validate,
+                "Write a pattern, read it back and compare every byte (on an existing file or "
+                "device: needs --overwrite)");
   cmd->add_flag("--json", o->json, "Print one JSON object instead of the table");
   cmd->add_flag("--keep", o->keep, "Keep zinf-io.dat when a folder was given");
+  cmd->add_flag("--overwrite", o->overwrite,
+                "Allow writing into an existing file or block device (a write job, or a read "
+                "with --validate, which writes its pattern first)");
   cmd->add_flag("--no-fixed-buffers", o->no_fixed_buffers,
                 "Do not register the buffer with io_uring (to measure what registration gives)");
   add_aio_flags(cmd, o->aio, true);
@@ -242,7 +319,9 @@ void add_nvme_tune_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--loops", f->loops, "Timed loops per direction per configuration")
       ->capture_default_str();
   cmd->add_option("--write-config", f->write_config,
-                  "Config file whose aio block is replaced with the best settings");
+                  "Config file whose aio block is replaced with the best settings (checked "
+                  "before the first run; only the block's text changes)");
+  cmd->add_flag("--create", f->create, "With --write-config: create FILE if it does not exist");
   add_aio_flags(cmd, f->aio, false);
   cmd->callback([f, &exit_code] { guarded(exit_code, [&] { run_tune_command(*f); }); });
 }

@@ -1,11 +1,13 @@
 #include "tools/nvme_tune.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <stdexcept>
 
+#include "tools/interrupt.h"
 #include "tools/io_job.h"
 
 namespace zinf::tools {
@@ -28,7 +30,9 @@ TuneRun measure_on_disk(const TuneOptions& options, const aio::AioConfig& config
   job.size_bytes = options.size_bytes;
   job.aio = config;
   job.loops = options.loops;
-  job.keep_file = true;  // the read direction reuses what the write direction wrote
+  // The read direction reuses what the write direction wrote; a failed or interrupted write
+  // removes the file itself, and the read job removes it in every case.
+  job.keep_file = true;
   job.write = true;
   IoJobResult written = run_io_job(job);
   ::sync();  // as the reference tuner does between jobs: nothing dirty carries over
@@ -103,7 +107,18 @@ TuneResult run_nvme_tune(const TuneOptions& options, TuneMeasure measure,
         result.budget_exhausted = true;
         return false;
       }
-      TuneRun run = measure(c);
+      const int index = static_cast<int>(result.runs.size()) + 1;
+      if (int sig = interrupt_signal(); sig != 0) {
+        throw Interrupted(
+            sig, fmt::format("nvme-tune stopped before run {} of {}", index, result.planned_runs));
+      }
+      TuneRun run;
+      try {
+        run = measure(c);
+      } catch (const Interrupted& e) {
+        throw Interrupted(e.signal_number(), fmt::format("nvme-tune stopped in run {} of {}: {}",
+                                                         index, result.planned_runs, e.what()));
+      }
       run.config = c;
       result.runs.push_back(run);
       if (result.runs.size() == 1 || run.score() > result.best.score()) result.best = run;

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "tests/common/temp_dir.h"
 
@@ -92,6 +93,15 @@ TEST(AioConfigJson, RoundTripsThroughTheEmittedBlock) {
   EXPECT_EQ(back.backend, c.backend);
 }
 
+std::string error_of_missing(const std::string& path) {
+  try {
+    (void)check_config_for_aio_block(path, false);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
 class WriteAioBlock : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_TRUE(dir_.ok()); }
@@ -106,7 +116,7 @@ TEST_F(WriteAioBlock, ReplacesOnlyTheAioBlockAndKeepsKeyOrder) {
   }
   aio::AioConfig c;
   c.queue_depth = 32;
-  write_aio_block(path, c);
+  write_aio_block(path, c, false);
   std::ifstream in(path);
   Json root = Json::parse(in);
   ASSERT_TRUE(root.is_object());
@@ -125,18 +135,73 @@ TEST_F(WriteAioBlock, LeavesABrokenFileUntouched) {
     std::ofstream out(path);
     out << "{ not json";
   }
-  EXPECT_THROW(write_aio_block(path, aio::AioConfig{}), std::runtime_error);
+  EXPECT_THROW(write_aio_block(path, aio::AioConfig{}, false), std::runtime_error);
   std::ifstream in(path);
   std::stringstream text;
   text << in.rdbuf();
   EXPECT_EQ(text.str(), "{ not json");
 }
 
-TEST_F(WriteAioBlock, CreatesAMissingFile) {
+TEST_F(WriteAioBlock, CreatesAMissingFileOnlyWhenAsked) {
   std::string path = dir_.file("new.json");
-  write_aio_block(path, aio::AioConfig{});
+  EXPECT_THROW(write_aio_block(path, aio::AioConfig{}, false), std::runtime_error);
+  EXPECT_FALSE(std::filesystem::exists(path));
+  write_aio_block(path, aio::AioConfig{}, true);
   std::ifstream in(path);
   EXPECT_EQ(aio_config_from_json(Json::parse(in)).block_size, 1u << 20);
+}
+
+// Only the aio value's bytes change, whatever the layout; a missing block is added last.
+TEST_F(WriteAioBlock, SplicesTheBlockIntoTheOriginalText) {
+  aio::AioConfig c;
+  c.queue_depth = 32;
+  struct Case {
+    std::string text;
+    std::string kept;  // a piece of the original that must survive byte for byte
+  };
+  for (const Case& k : std::vector<Case>{
+           {R"({"lr": 1e-4, "aio": {"block_size": 4096}, "n": 1e8})", R"({"lr": 1e-4, "aio": )"},
+           {"{\n  \"lr\": 1e-4,\n  \"x\": [1, {\"aio\": 2}]\n}\n", "\"x\": [1, {\"aio\": 2}]"},
+           {"{}", "{"},
+           {"{\"s\": \"a \\\" } aio\", \"aio\": null}", "{\"s\": \"a \\\" } aio\", \"aio\": "},
+       }) {
+    std::string path = dir_.file("c.json");
+    std::ofstream(path, std::ios::trunc) << k.text;
+    (void)check_config_for_aio_block(path, false);  // unknown top-level keys: warnings only
+    write_aio_block(path, c, false);
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    EXPECT_NE(text.str().find(k.kept), std::string::npos) << k.text << " became " << text.str();
+    EXPECT_EQ(aio_config_from_json(Json::parse(text.str())).queue_depth, 32) << text.str();
+  }
+}
+
+TEST_F(WriteAioBlock, CheckRefusesWhatTheParserRefuses) {
+  std::string path = dir_.file("c.json");
+  auto error = [&](const std::string& text) -> std::string {
+    std::ofstream(path, std::ios::trunc) << text;
+    try {
+      (void)check_config_for_aio_block(path, false);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error(R"({"aio": {"queue_dept": 8}})").find("did you mean \"queue_depth\""),
+            std::string::npos);
+  EXPECT_NE(error(R"({"aio": {"use_gds": true}})").find("aio.use_gds"), std::string::npos);
+  EXPECT_NE(error(R"({"aio": {"queue_depth": "eight"}})").find("aio.queue_depth"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"zero_optimization": {"stage": 9}})").find("zero_optimization.stage"),
+            std::string::npos);
+  EXPECT_NE(error("[1, 2]").find("top level"), std::string::npos);
+  // Unknown keys outside the aio block stay warnings, as in training.
+  std::ofstream(path, std::ios::trunc) << R"({"train_batch_sise": 8})";
+  std::vector<std::string> warnings = check_config_for_aio_block(path, false);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("train_batch_sise"), std::string::npos);
+  EXPECT_NE(error_of_missing(dir_.file("none.json")).find("--create"), std::string::npos);
 }
 
 }  // namespace

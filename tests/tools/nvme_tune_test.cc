@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "tests/common/temp_dir.h"
+#include "tests/tools/test_system.h"
 #include "tools/aio_config_json.h"
 
 namespace zinf::tools {
@@ -97,6 +98,21 @@ TEST(NvmeTune, RealDiskSmokeRun) {
     EXPECT_GT(run.write_gb_per_s, 0);
   }
   EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "the tuner left files behind";
+}
+
+// A drive that fills up in the middle of the first run: the run fails, and no zinf-io.dat
+// (which the write direction keeps for the read direction) is left behind.
+TEST(NvmeTune, FullFilesystemLeavesNoFile) {
+  zinf::testing::TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  zinf::testing::TmpfsMount mount(dir.path(), 1 << 20);
+  if (!mount.ok()) GTEST_SKIP() << mount.why_not();
+  TuneOptions options;
+  options.folder = dir.path();
+  options.size_bytes = 2u << 20;
+  options.backend = aio::BackendKind::kPsync;
+  EXPECT_THROW((void)run_nvme_tune(options), std::exception);
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "the tuner left zinf-io.dat behind";
 }
 
 }  // namespace
