@@ -386,7 +386,8 @@ ConfigResult run_config(const Options& o, bool pipeline, bool checksums, uint64_
         case 1: {
           const Sample s = swapper_step(true);
           io_only.push_back(s.seconds);
-          std::printf("  round %d I/O-only %.3f s\n", round + 1, s.seconds);
+          std::printf("  round %d I/O-only %.3f s (%.3f GB read, %.3f GB written)\n", round + 1,
+                      s.seconds, s.read / 1e9, s.written / 1e9);
           break;
         }
         default: {
