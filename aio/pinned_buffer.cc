@@ -12,6 +12,8 @@
 #include <new>
 #include <utility>
 
+#include "aio/pinned_budget.h"
+
 namespace zinf::aio {
 namespace {
 
@@ -35,8 +37,12 @@ PinnedBuffer::PinnedBuffer(size_t bytes) {
   if (bytes == 0) return;
   if (bytes > SIZE_MAX - kPinAlignment) throw std::bad_alloc();
   const size_t capacity = (bytes + kPinAlignment - 1) / kPinAlignment * kPinAlignment;
+  charge_pinned(capacity);  // throws PinnedMemoryLimitError before anything is allocated
   void* ptr = std::aligned_alloc(kPinAlignment, capacity);
-  if (ptr == nullptr) throw std::bad_alloc();
+  if (ptr == nullptr) {
+    refund_pinned(capacity);
+    throw std::bad_alloc();
+  }
   data_ = static_cast<std::byte*>(ptr);
   size_ = bytes;
   capacity_ = capacity;
@@ -92,6 +98,7 @@ void PinnedBuffer::release() noexcept {
   if (on_unpin_) on_unpin_(data_, capacity_);
   if (locked_) munlock(data_, capacity_);
   std::free(data_);
+  refund_pinned(capacity_);
   data_ = nullptr;
   size_ = 0;
   capacity_ = 0;

@@ -3,6 +3,8 @@
 // A PinnedBuffer owns one allocation (aligned to 4096 bytes, size rounded up to a multiple
 // of 4096). It is locked with mlock(); when the lock is refused (RLIMIT_MEMLOCK, EPERM) the
 // buffer stays usable, unlocked, and one warning line is logged per process.
+// Every buffer's capacity is charged to the process-wide pinned-memory budget
+// (aio/pinned_budget.h) while it lives.
 // A process-wide PinHooks pair lets an accelerator register the same memory with its driver
 // (e.g. cudaHostRegister) right after allocation and unregister it before it is freed.
 //
@@ -33,7 +35,9 @@ void set_pin_hooks(PinHooks hooks);
 class PinnedBuffer {
  public:
   PinnedBuffer() = default;
-  // Throws std::bad_alloc when the memory cannot be had. `bytes` may be 0 (empty buffer).
+  // Throws PinnedMemoryLimitError (nothing allocated) when the capacity would take the
+  // process past its pinned-memory limit, std::bad_alloc when the memory cannot be had.
+  // `bytes` may be 0 (empty buffer).
   explicit PinnedBuffer(size_t bytes);
   ~PinnedBuffer();
 

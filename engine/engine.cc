@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "aio/pinned_budget.h"
 #include "offload/cpu_accelerator.h"
 #include "offload/cuda_accelerator.h"
 #include "optimizer_cpu/adagrad.h"
@@ -147,8 +148,24 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, EngineOptions options,
         "optimizer states (offload_param / offload_optimizer), or raise the budget.",
         format_bytes(plan_.device_total()), format_bytes(budget), plan_.table()));
   }
-  log(fmt::format("memory plan (rank {} of {}):\n{}", comm_->rank(), comm_->world_size(),
-                  plan_.table()));
+  // Pinned memory: the limit is the process's (aio/pinned_budget.h); the plan must fit in
+  // what is left of it before any pool is made.
+  if (options_.zero.pinned_memory_limit) {
+    aio::set_pinned_memory_limit(*options_.zero.pinned_memory_limit);
+  }
+  const aio::PinnedMemoryUsage pinned = aio::pinned_memory_usage();
+  const uint64_t pinned_free = pinned.limit - std::min(pinned.in_use, pinned.limit);
+  if (plan_.pinned > pinned_free) {
+    throw EngineError(fmt::format(
+        "the run needs {} of pinned host memory but zinf.pinned_memory_limit allows {} ({} "
+        "already pinned{}):\n{}Lower offload_param.buffer_count / buffer_size or "
+        "sub_group_size, or raise zinf.pinned_memory_limit.",
+        format_bytes(plan_.pinned), format_bytes(pinned.limit), format_bytes(pinned.in_use),
+        pinned.limit_is_default ? "; the default is half of physical RAM" : "", plan_.table()));
+  }
+  log(fmt::format("memory plan (rank {} of {}):\n{}{}; this run plans {}", comm_->rank(),
+                  comm_->world_size(), plan_.table(), aio::describe_pinned_memory(),
+                  format_bytes(plan_.pinned)));
 
   model_ = std::make_unique<zero::ZeroModel>(*module_, options_.zero, *accelerator_, *comm_,
                                              *optimizer_, initializer);

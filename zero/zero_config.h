@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,9 @@ struct ZeroConfig {
   std::vector<std::string> nvme_paths;
   aio::AioConfig aio;
   bool swap_checksums = true;  // zinf.swap_checksums
+  // zinf.pinned_memory_limit (bytes): the process's pinned-memory limit
+  // (aio/pinned_budget.h); unset: the default, a fraction of physical RAM.
+  std::optional<uint64_t> pinned_memory_limit;
 
   // zinf.comm_timeout_s.
   std::chrono::milliseconds comm_timeout{300'000};

@@ -659,6 +659,7 @@ void parse_zinf(JsonBlock& top, RunConfig& c) {
              "pinned_memory_limit", "threads", "comm_backend"});
 
   c.zero.swap_checksums = z.swap_checksums;
+  c.zero.pinned_memory_limit = z.pinned_memory_limit_bytes;
   c.zero.comm_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(z.comm_timeout_s * 1000.0 + 0.5));
 }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "aio/pinned_budget.h"
 #include "engine/model/llama.h"
 #include "tests/common/temp_dir.h"
 
@@ -187,3 +188,23 @@ TEST(Engine, APlanOverTheBudgetIsRefusedWithTheTable) {
 
 }  // namespace
 }  // namespace zinf::engine
+
+TEST(Engine, APlanOverThePinnedLimitIsRefusedWithTheNumbers) {
+  ::zinf::testing::TempDir dir;
+  EngineOptions o = options_for(3, 1, 2, 1e-3);
+  o.zero.offload_optimizer = zero::OffloadTarget::kNvme;
+  o.zero.offload_param = zero::OffloadTarget::kNvme;
+  o.zero.nvme_paths = {dir.path()};
+  o.zero.pinned_memory_limit = 4096;  // one page: far below the pools
+  auto model = std::make_shared<LlamaModelImpl>(tiny());
+  try {
+    Engine engine(model, o);
+    FAIL() << "accepted";
+  } catch (const EngineError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("pinned host memory"), std::string::npos) << message;
+    EXPECT_NE(message.find("zinf.pinned_memory_limit allows 4096 B"), std::string::npos)
+        << message;
+  }
+  aio::reset_pinned_memory_limit();
+}
