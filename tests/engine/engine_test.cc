@@ -186,9 +186,6 @@ TEST(Engine, APlanOverTheBudgetIsRefusedWithTheTable) {
   }
 }
 
-}  // namespace
-}  // namespace zinf::engine
-
 TEST(Engine, APlanOverThePinnedLimitIsRefusedWithTheNumbers) {
   ::zinf::testing::TempDir dir;
   EngineOptions o = options_for(3, 1, 2, 1e-3);
@@ -203,8 +200,10 @@ TEST(Engine, APlanOverThePinnedLimitIsRefusedWithTheNumbers) {
   } catch (const EngineError& e) {
     const std::string message = e.what();
     EXPECT_NE(message.find("pinned host memory"), std::string::npos) << message;
-    EXPECT_NE(message.find("zinf.pinned_memory_limit allows 4096 B"), std::string::npos)
-        << message;
+    EXPECT_NE(message.find("zinf.pinned_memory_limit allows 4096 B"), std::string::npos) << message;
   }
   aio::reset_pinned_memory_limit();
 }
+
+}  // namespace
+}  // namespace zinf::engine
