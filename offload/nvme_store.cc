@@ -107,7 +107,7 @@ void NvmeStore::Queue::async_transfer(ExtentId id, uint64_t offset, uint64_t byt
                            "partial write to an extent without valid contents in " + store_.path_ +
                                " at offset " + std::to_string(extent.info.file_offset));
       }
-      store_.reserve_locked();
+      store_.reserve_locked(extent.info.file_offset + extent.info.capacity);
       extent.in_flight_write = true;
     } else {
       if (extent.state == ExtentState::kEmpty) {
@@ -394,7 +394,21 @@ void NvmeStore::free(ExtentId id) {
       free_spans_.erase(prev);
     }
   }
-  free_spans_.emplace(offset, capacity);
+  if (offset + capacity < end_) {
+    free_spans_.emplace(offset, capacity);
+    return;
+  }
+  // The free span is the tail: the allocated span ends before it, so later space checks no
+  // longer count it, and its reserved bytes go back to the file system.
+  end_ = offset;
+  if (reserved_ > end_) {
+    if (::ftruncate(file_fd_.get(), static_cast<off_t>(end_)) == 0) {
+      reserved_ = end_;
+    } else {  // the bytes stay reserved for later extents: harmless
+      spdlog::warn("zinf offload: shrinking swap file {} to {} bytes failed: {}", path_, end_,
+                   errno_text(errno));
+    }
+  }
 }
 
 ExtentInfo NvmeStore::extent(ExtentId id) const {
@@ -408,48 +422,64 @@ ExtentInfo NvmeStore::extent(ExtentId id) const {
 
 void NvmeStore::reserve() {
   std::lock_guard lock(mutex_);
-  reserve_locked();
+  reserve_locked(end_);
 }
 
-void NvmeStore::reserve_locked() {
-  if (end_ <= reserved_) {
-    return;
+void NvmeStore::reserve_locked(uint64_t needed_end) {
+  if (needed_end <= reserved_ || end_ <= reserved_) {
+    return;  // already reserved: nothing can take this space any more
   }
-  const uint64_t needed = end_ - reserved_;
   struct statvfs fs {};
   if (::fstatvfs(file_fd_.get(), &fs) != 0) {
     throw OffloadError(ErrorKind::kIo,
                        "statvfs of swap file " + path_ + " failed: " + errno_text(errno));
   }
   const uint64_t free_bytes = static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize;
-  if (needed > free_bytes) {
-    throw OffloadError(ErrorKind::kSpace, "not enough free space for swap file " + path_ +
-                                              ": needs " + std::to_string(needed) +
-                                              " more bytes (" + std::to_string(end_) +
-                                              " in total), the file system has " +
-                                              std::to_string(free_bytes) + " bytes free");
+  // Everything allocated at once when it fits (one fallocate, and a full disk shows up at the
+  // first write); else only what this transfer needs, so one allocation that does not fit
+  // does not stop the extents that do.
+  const uint64_t targets[2] = {end_, needed_end};
+  const size_t tries = needed_end < end_ ? 2 : 1;
+  std::string failure;
+  for (size_t i = 0; i < tries; ++i) {
+    const uint64_t target = targets[i];
+    const uint64_t needed = target - reserved_;
+    if (needed > free_bytes) {
+      failure = "needs " + std::to_string(needed) + " more bytes (" + std::to_string(target) +
+                " in total), the file system has " + std::to_string(free_bytes) + " bytes free";
+      continue;
+    }
+    int rc = 0;
+    do {
+      rc =
+          ::fallocate(file_fd_.get(), 0, static_cast<off_t>(reserved_), static_cast<off_t>(needed));
+    } while (rc != 0 && errno == EINTR);
+    if (rc != 0) {
+      const int error = errno;
+      if (error == ENOSPC) {
+        // A partial allocation may have grown the file: give it back.
+        if (::ftruncate(file_fd_.get(), static_cast<off_t>(reserved_)) != 0) {
+          spdlog::warn("zinf offload: shrinking swap file {} to {} bytes failed: {}", path_,
+                       reserved_, errno_text(errno));
+        }
+        failure = "reserving " + std::to_string(needed) + " more bytes (" + std::to_string(target) +
+                  " in total) failed: " + errno_text(error);
+        continue;
+      }
+      if (error != EOPNOTSUPP) {
+        throw OffloadError(ErrorKind::kIo,
+                           "fallocate of swap file " + path_ + " failed: " + errno_text(error));
+      }
+      if (::ftruncate(file_fd_.get(), static_cast<off_t>(target)) != 0) {  // no fallocate here
+        throw OffloadError(ErrorKind::kIo,
+                           "ftruncate of swap file " + path_ + " failed: " + errno_text(errno));
+      }
+    }
+    reserved_ = target;
+    return;
   }
-  int rc = 0;
-  do {
-    rc = ::fallocate(file_fd_.get(), 0, static_cast<off_t>(reserved_), static_cast<off_t>(needed));
-  } while (rc != 0 && errno == EINTR);
-  if (rc != 0) {
-    const int error = errno;
-    if (error == ENOSPC) {
-      throw OffloadError(ErrorKind::kSpace, "not enough free space for swap file " + path_ +
-                                                ": reserving " + std::to_string(needed) +
-                                                " bytes failed: " + errno_text(error));
-    }
-    if (error != EOPNOTSUPP) {
-      throw OffloadError(ErrorKind::kIo,
-                         "fallocate of swap file " + path_ + " failed: " + errno_text(error));
-    }
-    if (::ftruncate(file_fd_.get(), static_cast<off_t>(end_)) != 0) {  // no fallocate here
-      throw OffloadError(ErrorKind::kIo,
-                         "ftruncate of swap file " + path_ + " failed: " + errno_text(errno));
-    }
-  }
-  reserved_ = end_;
+  throw OffloadError(ErrorKind::kSpace,
+                     "not enough free space for swap file " + path_ + ": " + failure);
 }
 
 void NvmeStore::write(ExtentId id, const void* buffer) {

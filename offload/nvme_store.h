@@ -5,11 +5,14 @@
 // capacities that are multiples of 4096 bytes, so every transfer is O_DIRECT-ready; the
 // bytes move through aio::AioHandle (io_uring/libaio/psync, buffered fallback on tmpfs).
 //
-// Space: allocate() is bookkeeping only. Before the first write after the allocated size
-// grew, the store checks the free space of the file system against the bytes it still
-// needs (statvfs) and fails with OffloadError(kSpace) naming the path, the needed and the
-// free bytes; then it reserves them with fallocate, so an ENOSPC cannot strike mid-run.
-// reserve() runs the same check on demand (e.g. at start-up, before any work).
+// Space: allocate() is bookkeeping only. A write to an extent whose bytes are not reserved
+// yet first checks the free space of the file system (statvfs) and reserves them with
+// fallocate, so an ENOSPC cannot strike mid-run: everything allocated when it fits, else
+// just up to the end of that extent (one allocation that does not fit never stops writes to
+// the extents that do). When not even that fits it fails with OffloadError(kSpace) naming
+// the path, the needed and the free bytes. reserve() reserves everything allocated, or
+// fails the same way (e.g. at start-up, before any work). free() of the last extent(s) of
+// the file lowers its end: the file shrinks and the space goes back to the file system.
 //
 // Lifetime on disk: a `<name>.lock` beside the file is flock()ed while the store lives. A
 // swap file whose lock nobody holds is left over from a crashed run: it is reported (one
@@ -148,12 +151,14 @@ class NvmeStore {
 
   // Reserves an extent of `bytes` bytes (> 0) in the file (bookkeeping only).
   [[nodiscard]] ExtentId allocate(uint64_t bytes);
-  // Returns the extent's space for reuse; the id becomes invalid.
+  // Returns the extent's space for reuse; the id becomes invalid. Freeing the end of the file
+  // shrinks it (its reserved bytes go back to the file system).
   void free(ExtentId id);
   [[nodiscard]] ExtentInfo extent(ExtentId id) const;
 
   // Checks free space for everything allocated and not yet reserved, and reserves it.
-  // Throws OffloadError(kSpace) naming path, needed and free bytes.
+  // Throws OffloadError(kSpace) naming path, needed and free bytes; nothing is reserved
+  // then, and extents reserved earlier keep working.
   void reserve();
 
   // Synchronous whole-extent transfers (see Queue for the errors).
@@ -181,7 +186,10 @@ class NvmeStore {
 
   // Caller holds mutex_.
   Extent& checked(ExtentId id, uint64_t offset, uint64_t bytes, const char* op);
-  void reserve_locked();
+  // Makes sure the file's bytes below `needed_end` are reserved: reserves everything
+  // allocated when the file system has room for it, else just up to `needed_end`. Throws
+  // OffloadError(kSpace) when not even that fits (nothing is reserved then).
+  void reserve_locked(uint64_t needed_end);
   void take_lock_and_replace_stale();
   // Removes the swap file, the lock file and the rank<r>/ and zinf_swap/ directories when
   // they are empty.
@@ -198,7 +206,8 @@ class NvmeStore {
   std::vector<Extent> extents_;              // guarded by mutex_; index = ExtentId
   std::map<uint64_t, uint64_t> free_spans_;  // guarded by mutex_: offset -> capacity
   uint64_t end_ = 0;                         // guarded by mutex_: end of allocated span
-  uint64_t reserved_ = 0;                    // guarded by mutex_: bytes fallocated
+  uint64_t reserved_ = 0;                    // guarded by mutex_: bytes fallocated (the file
+                                             // size; > end_ only if shrinking it failed)
   uint64_t bytes_read_ = 0;                  // guarded by mutex_
   uint64_t bytes_written_ = 0;               // guarded by mutex_
   uint64_t reads_ = 0;                       // guarded by mutex_

@@ -248,10 +248,8 @@ TEST(NvmeStore, OutOfSpacePreflightNamesPathNeededAndFree) {
   NvmeStore store(store_config(dir.path(), false));
   const ExtentId small = store.allocate(4096);
   const ExtentId huge = store.allocate(uint64_t{1} << 60);  // bookkeeping only: no error yet
-  (void)huge;
-  std::vector<uint8_t> data(4096, 3);
   try {
-    store.write(small, data.data());
+    store.reserve();
     FAIL() << "preflight passed for 2^60 bytes";
   } catch (const OffloadError& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kSpace);
@@ -262,8 +260,90 @@ TEST(NvmeStore, OutOfSpacePreflightNamesPathNeededAndFree) {
         << message;
     EXPECT_NE(message.find("bytes free"), std::string::npos) << message;
   }
+  EXPECT_EQ(std::filesystem::file_size(store.path()), 0u);  // nothing was reserved
+  // A write reserves what it needs when not everything fits: the small extent works.
+  std::vector<uint8_t> data(4096, 3);
+  store.write(small, data.data());
+  // The huge one is refused before any byte moves (its buffer is never touched).
+  try {
+    store.write(huge, data.data());
+    FAIL() << "write of 2^60 bytes passed the space check";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kSpace);
+    EXPECT_NE(std::string(e.what()).find("needs " + std::to_string(uint64_t{1} << 60)),
+              std::string::npos)
+        << e.what();
+  }
   EXPECT_THROW(store.reserve(), OffloadError);
-  EXPECT_EQ(std::filesystem::file_size(store.path()), 0u);  // nothing was written
+  std::vector<uint8_t> back(4096, 0);
+  store.read(small, back.data());
+  EXPECT_EQ(back, data);
+}
+
+// Defect 2 of issue 8: free() never lowered the allocated end, so one allocation that did not
+// fit made every later write demand its bytes again, even writes to reserved extents.
+TEST(NvmeStore, AFailedReservationDoesNotWedgeTheStore) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  TempDir dir;
+  NvmeStore store(store_config(dir.path(), true));
+  const ExtentId a = store.allocate(10000);
+  const std::vector<uint8_t> data_a = random_bytes(rng, 10000);
+  store.write(a, data_a.data());
+  const uint64_t reserved = store.stats().reserved_bytes;
+  EXPECT_EQ(reserved, 12288u);
+
+  // A swapper whose constructor allocates more than the disk holds fails its preflight...
+  const ExtentId huge = store.allocate(uint64_t{1} << 60);
+  EXPECT_THROW(store.reserve(), OffloadError);
+  // ...and meanwhile the extent whose space is reserved keeps working.
+  const std::vector<uint8_t> next_a = random_bytes(rng, 10000);
+  store.write(a, next_a.data());
+  std::vector<uint8_t> back(10000, 0);
+  store.read(a, back.data());
+  EXPECT_EQ(back, next_a);
+
+  // Once the failed allocation is returned, the store is as before it.
+  store.free(huge);
+  EXPECT_EQ(store.stats().file_bytes, 12288u);
+  store.reserve();
+  const ExtentId b = store.allocate(50000);
+  EXPECT_EQ(store.extent(b).file_offset, 12288u);  // the freed tail is reused from its start
+  const std::vector<uint8_t> data_b = random_bytes(rng, 50000);
+  store.write(b, data_b.data());
+  std::vector<uint8_t> back_b(50000, 0);
+  store.read(b, back_b.data());
+  EXPECT_EQ(back_b, data_b);
+  store.read(a, back.data());
+  EXPECT_EQ(back, next_a);
+}
+
+TEST(NvmeStore, FreeingTheTailGivesItsSpaceBack) {
+  TempDir dir;
+  NvmeStore store(store_config(dir.path(), false));
+  const ExtentId a = store.allocate(4096);
+  const ExtentId b = store.allocate(8192);
+  const ExtentId c = store.allocate(4096);
+  std::vector<uint8_t> data(8192, 9);
+  store.write(a, data.data());
+  store.write(b, data.data());
+  store.write(c, data.data());
+  EXPECT_EQ(store.stats().file_bytes, 16384u);
+  EXPECT_EQ(std::filesystem::file_size(store.path()), 16384u);
+  store.free(b);  // a hole: the file keeps its size
+  EXPECT_EQ(store.stats().file_bytes, 16384u);
+  store.free(c);  // c and the hole before it form the tail
+  EXPECT_EQ(store.stats().file_bytes, 4096u);
+  EXPECT_EQ(store.stats().reserved_bytes, 4096u);
+  EXPECT_EQ(std::filesystem::file_size(store.path()), 4096u);
+  std::vector<uint8_t> back(4096, 0);
+  store.read(a, back.data());
+  EXPECT_EQ(back, std::vector<uint8_t>(4096, 9));
+  store.free(a);
+  EXPECT_EQ(store.stats().file_bytes, 0u);
+  const ExtentId d = store.allocate(100);
+  EXPECT_EQ(store.extent(d).file_offset, 0u);
 }
 
 TEST(NvmeStore, CorruptExtentIsReportedWithFileAndOffset) {
