@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -58,11 +59,23 @@ void make_directory(const std::string& path) {
 
 // ---- Queue ---------------------------------------------------------------------------
 
-NvmeStore::Queue::Queue(NvmeStore& store)
-    : store_(store),
-      io_(store.config_.backend_factory
-              ? aio::AioHandle(store.config_.aio, store.config_.backend_factory)
-              : aio::AioHandle(store.config_.aio)) {}
+NvmeStore::Queue::Queue(NvmeStore& store) : store_(store), io_(make_handle()) {}
+
+std::unique_ptr<aio::AioHandle> NvmeStore::Queue::make_handle() const {
+  return store_.config_.backend_factory
+             ? std::make_unique<aio::AioHandle>(store_.config_.aio, store_.config_.backend_factory)
+             : std::make_unique<aio::AioHandle>(store_.config_.aio);
+}
+
+aio::AioHandle& NvmeStore::Queue::handle() {
+  if (!io_) {
+    io_ = make_handle();
+    if (!registered_.empty()) {
+      (void)io_->register_buffers(registered_);  // transfers work either way
+    }
+  }
+  return *io_;
+}
 
 NvmeStore::Queue::~Queue() {
   if (pending_.empty()) {
@@ -134,9 +147,9 @@ void NvmeStore::Queue::async_transfer(ExtentId id, uint64_t offset, uint64_t byt
   pending_.push_back(pending);
   try {
     if (is_write) {
-      io_.async_pwrite(buffer, bytes, store_.path_, pending.file_offset);
+      handle().async_pwrite(buffer, bytes, store_.path_, pending.file_offset);
     } else {
-      io_.async_pread(buffer, bytes, store_.path_, pending.file_offset);
+      handle().async_pread(buffer, bytes, store_.path_, pending.file_offset);
     }
   } catch (...) {
     pending_.pop_back();
@@ -149,16 +162,19 @@ void NvmeStore::Queue::async_transfer(ExtentId id, uint64_t offset, uint64_t byt
 }
 
 void NvmeStore::Queue::wait() {
+  if (!io_) {
+    return;  // replaced after a failure, and nothing queued since
+  }
   std::optional<OffloadError> error;
   try {
-    (void)io_.wait();
+    (void)io_->wait();
   } catch (const aio::IoError& e) {
     error.emplace(ErrorKind::kIo, std::string("I/O error on swap file: ") + e.what());
   } catch (const std::exception& e) {
     error.emplace(ErrorKind::kIo,
                   std::string("I/O error on swap file ") + store_.path_ + ": " + e.what());
   }
-  const aio::AioStats io_stats = io_.stats();
+  const aio::AioStats io_stats = io_->stats();
   const uint64_t requests = io_stats.requests - reported_.requests;
   const uint64_t fixed_requests = io_stats.fixed_requests - reported_.fixed_requests;
   reported_ = io_stats;
@@ -166,7 +182,17 @@ void NvmeStore::Queue::wait() {
   bool buffered = false;
   if (!checked_buffered_ && !pending_.empty()) {
     checked_buffered_ = true;
-    buffered = !io_.buffered_paths().empty();
+    buffered = !io_->buffered_paths().empty();
+  }
+  if (error) {
+    // Whether the engine broke, a request timed out or one request failed cannot be told
+    // apart reliably from here: the handle is replaced in every case (it has nothing in
+    // flight now), so a broken engine never serves a later transfer.
+    spdlog::warn("zinf offload: replacing the aio handle of a queue on {} after: {}", store_.path_,
+                 error->what());
+    io_.reset();
+    reported_ = {};
+    checked_buffered_ = false;
   }
   // Verify reads outside the store's lock: hashing is the expensive part.
   if (!error) {
@@ -216,11 +242,23 @@ void NvmeStore::Queue::wait() {
 }
 
 bool NvmeStore::Queue::register_buffers(std::span<const std::pair<void*, size_t>> ranges) {
-  return io_.register_buffers(ranges);
+  const bool fixed = handle().register_buffers(ranges);
+  for (const auto& range : ranges) {
+    if (std::find(registered_.begin(), registered_.end(), range) == registered_.end()) {
+      registered_.push_back(range);
+    }
+  }
+  return fixed;
 }
 
 void NvmeStore::Queue::unregister_buffers(std::span<const std::pair<void*, size_t>> ranges) {
-  io_.unregister_buffers(ranges);
+  for (const auto& range : ranges) {
+    registered_.erase(std::remove(registered_.begin(), registered_.end(), range),
+                      registered_.end());
+  }
+  if (io_) {
+    io_->unregister_buffers(ranges);
+  }
 }
 
 // ---- NvmeStore -------------------------------------------------------------------------

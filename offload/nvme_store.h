@@ -96,7 +96,11 @@ class NvmeStore {
     // Waits for every queued transfer. On success reads are verified (checksums) and
     // writes recorded. If any transfer failed, all are still waited for, every write of
     // the batch is marked torn, and the first error is thrown: OffloadError(kIo) for an I/O
-    // error, kCorrupt for a checksum mismatch or a torn/never-written source extent.
+    // error (naming the file, offset and length of the failed request), kCorrupt for a
+    // checksum mismatch or a torn/never-written source extent. After an I/O error the
+    // queue's aio handle is replaced by a new one (with the registered ranges registered
+    // again), so an engine that broke, or a transfer that timed out, never serves the
+    // queue's later transfers; one warning line says so.
     void wait();
 
     [[nodiscard]] size_t pending() const noexcept { return pending_.size(); }
@@ -127,12 +131,16 @@ class NvmeStore {
 
     // Any part of an extent; whole-extent reads are verified when checksums are on.
     void async_transfer(ExtentId id, uint64_t offset, uint64_t bytes, void* buffer, bool is_write);
+    [[nodiscard]] std::unique_ptr<aio::AioHandle> make_handle() const;
+    // io_, made anew (with registered_ registered) when the last one was dropped.
+    aio::AioHandle& handle();
 
     NvmeStore& store_;
-    aio::AioHandle io_;
+    std::unique_ptr<aio::AioHandle> io_;  // null after a failure until the next transfer
     std::vector<Pending> pending_;
+    std::vector<std::pair<void*, size_t>> registered_;  // register_buffers() ranges
     bool checked_buffered_ = false;  // io_'s O_DIRECT fallback reported to the store
-    aio::AioStats reported_;         // io_.stats() already added to the store's totals
+    aio::AioStats reported_;         // io_->stats() already added to the store's totals
   };
 
   // Creates the directory, takes the lock, replaces a stale swap file. Throws

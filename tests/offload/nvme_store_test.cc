@@ -1,6 +1,6 @@
 // Tests of NvmeStore: round trips on an O_DIRECT file system and on tmpfs, the extent
 // allocator, the swap directory's life cycle (stale files, live locks, removal), the
-// free-space preflight, injected I/O faults and corrupted extents.
+// free-space preflight and corrupted extents (injected I/O faults: nvme_store_fault_test.cc).
 #include "offload/nvme_store.h"
 
 #include <fcntl.h>
@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "aio/backend.h"
-#include "aio/fault_backend.h"
 #include "aio/file_cache.h"
 #include "offload/error.h"
 #include "tests/common/seed.h"
@@ -378,76 +377,6 @@ TEST(NvmeStore, CorruptExtentIsReportedWithFileAndOffset) {
   store.write(b, data_b.data());
   store.read(b, back.data());
   EXPECT_EQ(back, data_b);
-}
-
-TEST(NvmeStore, InjectedWriteFaultTearsTheExtent) {
-  const auto seed = static_cast<uint32_t>(test_seed());
-  ZINF_TRACE_SEED(seed);
-  std::mt19937 rng(seed);
-  TempDir dir;
-  auto faults = std::make_shared<aio::FaultInjector>();
-  NvmeStoreConfig config = store_config(dir.path(), false);
-  config.backend_factory = aio::fault_backend_factory(faults);
-  NvmeStore store(config);
-  const ExtentId a = store.allocate(1 << 20);
-  const std::vector<uint8_t> data = random_bytes(rng, 1 << 20);
-  store.write(a, data.data());
-  faults->add(aio::FaultRule{.op = aio::Op::kWrite,
-                             .path = "test.swp",
-                             .nth = 1,
-                             .count = 1,
-                             .kind = aio::FaultKind::kError,
-                             .error = EIO});
-  const std::vector<uint8_t> next = random_bytes(rng, 1 << 20);
-  try {
-    store.write(a, next.data());
-    FAIL() << "injected EIO not reported";
-  } catch (const OffloadError& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kIo);
-    EXPECT_NE(std::string(e.what()).find("test.swp"), std::string::npos) << e.what();
-  }
-  std::vector<uint8_t> back(1 << 20);
-  try {
-    store.read(a, back.data());
-    FAIL() << "torn extent read without error";
-  } catch (const OffloadError& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt);
-    EXPECT_NE(std::string(e.what()).find("torn"), std::string::npos) << e.what();
-  }
-  store.write(a, next.data());  // the fault fired once: a rewrite succeeds
-  store.read(a, back.data());
-  EXPECT_EQ(back, next);
-}
-
-TEST(NvmeStore, InjectedReadFaultsAreReportedAndShortReadsContinue) {
-  const auto seed = static_cast<uint32_t>(test_seed());
-  ZINF_TRACE_SEED(seed);
-  std::mt19937 rng(seed);
-  TempDir dir;
-  auto faults = std::make_shared<aio::FaultInjector>();
-  NvmeStoreConfig config = store_config(dir.path(), true);
-  config.backend_factory = aio::fault_backend_factory(faults);
-  NvmeStore store(config);
-  const ExtentId a = store.allocate(3 << 20);
-  const std::vector<uint8_t> data = random_bytes(rng, 3 << 20);
-  store.write(a, data.data());
-  std::vector<uint8_t> back(3 << 20, 0);
-  faults->add(aio::FaultRule{
-      .op = aio::Op::kRead, .count = 3, .kind = aio::FaultKind::kShort, .short_bytes = 8192});
-  store.read(a, back.data());  // short transfers are continued, and the checksum agrees
-  EXPECT_EQ(back, data);
-  faults->clear();
-  faults->add(aio::FaultRule{.op = aio::Op::kRead, .kind = aio::FaultKind::kError, .error = EIO});
-  auto queue = store.make_queue();
-  queue->async_read(a, back.data());
-  try {
-    queue->wait();
-    FAIL() << "injected read EIO not reported";
-  } catch (const OffloadError& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::kIo);
-  }
-  store.read(a, back.data());  // the extent itself is fine
-  EXPECT_EQ(back, data);
 }
 
 TEST(NvmeStore, ConcurrentQueuesOnDisjointExtents) {
