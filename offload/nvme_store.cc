@@ -4,17 +4,22 @@
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <fstream>
 #include <iterator>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <utility>
 
@@ -55,7 +60,90 @@ void make_directory(const std::string& path) {
                      "cannot create swap directory " + path + ": " + errno_text(error));
 }
 
+std::atomic<FallocateFunction> g_fallocate_function{nullptr};
+
+int call_fallocate(int fd, uint64_t offset, uint64_t length) {
+  const FallocateFunction seam = g_fallocate_function.load(std::memory_order_acquire);
+  if (seam != nullptr) {
+    return seam(fd, 0, static_cast<int64_t>(offset), static_cast<int64_t>(length));
+  }
+  int rc = 0;
+  do {
+    rc = ::fallocate(fd, 0, static_cast<off_t>(offset), static_cast<off_t>(length));
+  } while (rc != 0 && errno == EINTR);
+  return rc == 0 ? 0 : -errno;
+}
+
+// Undoes the octal escapes (\040 for a space, ...) of a /proc/self/mountinfo field.
+std::string unescape_mount_field(const std::string& field) {
+  std::string out;
+  for (size_t i = 0; i < field.size(); ++i) {
+    const auto octal = [&](size_t at) { return field[at] >= '0' && field[at] <= '7'; };
+    if (field[i] == '\\' && i + 3 < field.size() && octal(i + 1) && octal(i + 2) && octal(i + 3)) {
+      out.push_back(static_cast<char>((field[i + 1] - '0') * 64 + (field[i + 2] - '0') * 8 +
+                                      (field[i + 3] - '0')));
+      i += 3;
+    } else {
+      out.push_back(field[i]);
+    }
+  }
+  return out;
+}
+
+// "ext4 at /mnt/nvme": the type and mount point of the file system holding `path`, from
+// /proc/self/mountinfo (the longest mount point containing it); the statfs magic number
+// when that file cannot be read.
+std::string describe_filesystem(const std::string& path, int fd) {
+  std::string resolved = path;
+  if (char* real = ::realpath(path.c_str(), nullptr)) {
+    resolved = real;
+    std::free(real);  // NOLINT(cppcoreguidelines-no-malloc): realpath's contract
+  }
+  std::ifstream mountinfo("/proc/self/mountinfo");
+  std::string line;
+  std::string best_point;
+  std::string best_type;
+  while (std::getline(mountinfo, line)) {
+    // id parent major:minor root mount-point options [optional...] - type source super
+    std::istringstream fields(line);
+    std::string field;
+    std::string point;
+    for (int i = 0; i < 5 && fields >> field; ++i) {
+      point = field;
+    }
+    while (fields >> field && field != "-") {
+    }
+    std::string type;
+    if (!(fields >> type)) {
+      continue;
+    }
+    point = unescape_mount_field(point);
+    const bool contains = point == "/" || resolved == point ||
+                          (resolved.compare(0, point.size(), point) == 0 &&
+                           resolved.size() > point.size() && resolved[point.size()] == '/');
+    if (contains && point.size() >= best_point.size()) {
+      best_point = point;
+      best_type = type;
+    }
+  }
+  if (!best_type.empty()) {
+    return best_type + " at " + best_point;
+  }
+  struct statfs fs {};
+  if (::fstatfs(fd, &fs) == 0) {
+    char magic[32];
+    std::snprintf(magic, sizeof(magic), "0x%llx",
+                  static_cast<unsigned long long>(fs.f_type));  // NOLINT(google-runtime-int)
+    return std::string("file system type ") + magic;
+  }
+  return "unknown file system";
+}
+
 }  // namespace
+
+void set_fallocate_function_for_testing(FallocateFunction function) {
+  g_fallocate_function.store(function, std::memory_order_release);
+}
 
 // ---- Queue ---------------------------------------------------------------------------
 
@@ -169,7 +257,15 @@ void NvmeStore::Queue::wait() {
   try {
     (void)io_->wait();
   } catch (const aio::IoError& e) {
-    error.emplace(ErrorKind::kIo, std::string("I/O error on swap file: ") + e.what());
+    std::string message = std::string("I/O error on swap file: ") + e.what();
+    if (e.error() == ENOSPC) {
+      std::lock_guard lock(store_.mutex_);
+      message += store_.no_fallocate_
+                     ? "; the file system has no fallocate, so the swap file's space could not "
+                       "be reserved in advance: free space there or choose another nvme_path"
+                     : "; the file system is full";
+    }
+    error.emplace(ErrorKind::kIo, message);
   } catch (const std::exception& e) {
     error.emplace(ErrorKind::kIo,
                   std::string("I/O error on swap file ") + store_.path_ + ": " + e.what());
@@ -487,13 +583,9 @@ void NvmeStore::reserve_locked(uint64_t needed_end) {
                 " in total), the file system has " + std::to_string(free_bytes) + " bytes free";
       continue;
     }
-    int rc = 0;
-    do {
-      rc =
-          ::fallocate(file_fd_.get(), 0, static_cast<off_t>(reserved_), static_cast<off_t>(needed));
-    } while (rc != 0 && errno == EINTR);
+    const int rc = call_fallocate(file_fd_.get(), reserved_, needed);
     if (rc != 0) {
-      const int error = errno;
+      const int error = -rc;
       if (error == ENOSPC) {
         // A partial allocation may have grown the file: give it back.
         if (::ftruncate(file_fd_.get(), static_cast<off_t>(reserved_)) != 0) {
@@ -511,6 +603,14 @@ void NvmeStore::reserve_locked(uint64_t needed_end) {
       if (::ftruncate(file_fd_.get(), static_cast<off_t>(target)) != 0) {  // no fallocate here
         throw OffloadError(ErrorKind::kIo,
                            "ftruncate of swap file " + path_ + " failed: " + errno_text(errno));
+      }
+      if (!no_fallocate_) {
+        no_fallocate_ = true;
+        spdlog::warn(
+            "zinf offload: the file system of swap file {} ({}) does not support fallocate: "
+            "swap space cannot be reserved in advance, so if it fills up a write fails in the "
+            "middle of the run (keep at least {} bytes free there)",
+            path_, describe_filesystem(directory_, file_fd_.get()), end_);
       }
     }
     reserved_ = target;
@@ -595,6 +695,7 @@ NvmeStoreStats NvmeStore::stats() const {
     stats.file_bytes = end_;
     stats.reserved_bytes = reserved_;
     stats.buffered = buffered_;
+    stats.no_fallocate = no_fallocate_;
   }
   stats.replaced_stale = replaced_stale_;
   return stats;

@@ -13,6 +13,10 @@
 // the path, the needed and the free bytes. reserve() reserves everything allocated, or
 // fails the same way (e.g. at start-up, before any work). free() of the last extent(s) of
 // the file lowers its end: the file shrinks and the space goes back to the file system.
+// A file system without fallocate (EOPNOTSUPP) gets the file's size set instead (ftruncate):
+// nothing is reserved, so ENOSPC can strike mid-run. One warning names the file system (type
+// and mount point) when that is first seen; an ENOSPC then is a clean OffloadError(kIo)
+// naming the file, the offset and that missing reservation.
 //
 // Lifetime on disk: a `<name>.lock` beside the file is flock()ed while the store lives. A
 // swap file whose lock nobody holds is left over from a crashed run: it is reported (one
@@ -58,6 +62,12 @@ struct NvmeStoreConfig {
 
 using ExtentId = uint32_t;
 
+// Test seam: replaces fallocate(2) for every NvmeStore of the process (nullptr restores it).
+// The function returns 0 or -errno. Lets tests take the path of a file system without
+// fallocate (EOPNOTSUPP) on one that has it. Set it only while no store reserves space.
+using FallocateFunction = int (*)(int fd, int mode, int64_t offset, int64_t length);
+void set_fallocate_function_for_testing(FallocateFunction function);
+
 struct ExtentInfo {
   uint64_t file_offset = 0;  // bytes; multiple of 4096
   uint64_t bytes = 0;        // as allocated
@@ -75,6 +85,7 @@ struct NvmeStoreStats {
   uint64_t fixed_io_requests = 0;  // of io_requests: those that used a registered buffer
   bool buffered = false;           // the file system refused O_DIRECT (tmpfs)
   bool replaced_stale = false;     // a swap file from a crashed run was found and replaced
+  bool no_fallocate = false;       // the file system has no fallocate: space is not reserved
 };
 
 class NvmeStore {
@@ -223,6 +234,7 @@ class NvmeStore {
   uint64_t io_requests_ = 0;                 // guarded by mutex_
   uint64_t fixed_io_requests_ = 0;           // guarded by mutex_
   bool buffered_ = false;                    // guarded by mutex_: some queue fell back
+  bool no_fallocate_ = false;                // guarded by mutex_: reservations are ftruncates
   bool replaced_stale_ = false;              // set in the constructor only
 
   std::mutex sync_mutex_;

@@ -5,18 +5,22 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "aio/backend.h"
+#include "aio/fault_backend.h"
 #include "aio/file_cache.h"
 #include "offload/error.h"
 #include "tests/common/seed.h"
@@ -343,6 +347,115 @@ TEST(NvmeStore, FreeingTheTailGivesItsSpaceBack) {
   EXPECT_EQ(store.stats().file_bytes, 0u);
   const ExtentId d = store.allocate(100);
   EXPECT_EQ(store.extent(d).file_offset, 0u);
+}
+
+// Routes spdlog's default logger into a string for its lifetime.
+class LogCapture {
+ public:
+  LogCapture()
+      : previous_(spdlog::default_logger()),
+        sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(stream_)) {
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink_));
+  }
+  ~LogCapture() { spdlog::set_default_logger(previous_); }
+  LogCapture(const LogCapture&) = delete;
+  LogCapture& operator=(const LogCapture&) = delete;
+
+  std::string text() {
+    sink_->flush();
+    return stream_.str();
+  }
+  // Lines containing `part`.
+  int count(const std::string& part) {
+    std::istringstream lines(text());
+    int n = 0;
+    for (std::string line; std::getline(lines, line);) {
+      n += line.find(part) != std::string::npos ? 1 : 0;
+    }
+    return n;
+  }
+
+ private:
+  std::ostringstream stream_;
+  std::shared_ptr<spdlog::logger> previous_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+};
+
+int fallocate_not_supported(int, int, int64_t, int64_t) { return -EOPNOTSUPP; }
+
+// Installs the store's fallocate seam for its lifetime.
+class ScopedFallocateFunction {
+ public:
+  explicit ScopedFallocateFunction(FallocateFunction function) {
+    set_fallocate_function_for_testing(function);
+  }
+  ~ScopedFallocateFunction() { set_fallocate_function_for_testing(nullptr); }
+  ScopedFallocateFunction(const ScopedFallocateFunction&) = delete;
+  ScopedFallocateFunction& operator=(const ScopedFallocateFunction&) = delete;
+};
+
+// Defect 9 of issue 8: without fallocate the store fell back to ftruncate silently.
+TEST(NvmeStore, WithoutFallocateOneWarningNamesTheFileSystemAndNoSpaceIsACleanError) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  const bool on_tmpfs = testing::have_dev_shm();
+  TempDir dir(on_tmpfs ? "/dev/shm" : "");
+  const ScopedFallocateFunction no_fallocate(&fallocate_not_supported);
+  LogCapture log;
+  auto faults = std::make_shared<aio::FaultInjector>();
+  NvmeStoreConfig config = store_config(dir.path(), true);
+  config.backend_factory = aio::fault_backend_factory(faults);
+  NvmeStore store(config);
+  const ExtentId a = store.allocate(100000);
+  const std::vector<uint8_t> data_a = random_bytes(rng, 100000);
+  store.write(a, data_a.data());
+  const ExtentId b = store.allocate(200000);  // grows the file a second time
+  const std::vector<uint8_t> data_b = random_bytes(rng, 200000);
+  store.write(b, data_b.data());
+  store.reserve();
+  EXPECT_TRUE(store.stats().no_fallocate);
+  EXPECT_EQ(store.stats().reserved_bytes, store.stats().file_bytes);
+  EXPECT_EQ(log.count("does not support fallocate"), 1) << log.text();
+  EXPECT_NE(log.text().find(store.path()), std::string::npos) << log.text();
+  if (on_tmpfs) {
+    EXPECT_NE(log.text().find("(tmpfs at "), std::string::npos) << log.text();
+  }
+  // The disk fills up: the write fails with a clean I/O error naming file and offset.
+  const uint64_t offset_b = store.extent(b).file_offset;
+  faults->add(aio::FaultRule{.op = aio::Op::kWrite,
+                             .path = "test.swp",
+                             .offset_begin = offset_b,
+                             .kind = aio::FaultKind::kError,
+                             .error = ENOSPC});
+  const std::vector<uint8_t> next_b = random_bytes(rng, 200000);
+  try {
+    store.write(b, next_b.data());
+    FAIL() << "injected ENOSPC not reported";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo);
+    const std::string message = e.what();
+    EXPECT_NE(message.find(store.path()), std::string::npos) << message;
+    // The offset of the failed request, inside the extent (which worker's part hit the fault
+    // first is up to the scheduler).
+    const size_t at = message.find("at offset ");
+    ASSERT_NE(at, std::string::npos) << message;
+    const uint64_t offset = std::stoull(message.substr(at + 10));
+    EXPECT_GE(offset, offset_b) << message;
+    EXPECT_LT(offset, offset_b + 200000) << message;
+    EXPECT_NE(message.find("No space left on device"), std::string::npos) << message;
+    EXPECT_NE(message.find("no fallocate"), std::string::npos) << message;
+  }
+  // What was written before is still served; once space is back the write goes through.
+  std::vector<uint8_t> back_a(100000, 0);
+  store.read(a, back_a.data());
+  EXPECT_EQ(back_a, data_a);
+  faults->clear();
+  store.write(b, next_b.data());
+  std::vector<uint8_t> back_b(200000, 0);
+  store.read(b, back_b.data());
+  EXPECT_EQ(back_b, next_b);
+  EXPECT_EQ(log.count("does not support fallocate"), 1) << log.text();
 }
 
 TEST(NvmeStore, CorruptExtentIsReportedWithFileAndOffset) {
