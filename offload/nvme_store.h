@@ -25,8 +25,8 @@
 //
 // Integrity: every extent remembers whether its last write completed; reading one whose
 // write failed (a torn extent) or that was never written is an error, never stale bytes.
-// With `checksums`, an xxh3-64 of each extent is taken when it is written and verified when
-// it is read: a mismatch is OffloadError(kCorrupt) naming the file and offset.
+// With `checksums` (the default), an xxh3-64 of each extent is taken when it is written and
+// verified when it is read: a mismatch is OffloadError(kCorrupt) naming the file and offset.
 //
 // Thread safety: every method of NvmeStore may be called from any thread. A Queue belongs
 // to one thread at a time; several queues may run concurrently on one store, provided no
@@ -54,7 +54,7 @@ struct NvmeStoreConfig {
   int rank = 0;                // picks rank<r>/
   std::string name = "store";  // file stem: <name>.swp, <name>.lock
   aio::AioConfig aio;          // the `aio` config block
-  bool checksums = false;      // xxh3-64 per extent, verified on read
+  bool checksums = true;       // xxh3-64 per extent, verified on read (zinf.swap_checksums)
   // Builds each aio worker's backend; empty: aio's default for `aio.backend`. Tests pass a
   // fault-injecting factory here.
   aio::BackendFactory backend_factory;

@@ -458,6 +458,27 @@ TEST(NvmeStore, WithoutFallocateOneWarningNamesTheFileSystemAndNoSpaceIsACleanEr
   EXPECT_EQ(log.count("does not support fallocate"), 1) << log.text();
 }
 
+// Issue 8: checksums are on unless the config turns them off (zinf.swap_checksums).
+TEST(NvmeStore, ChecksumsAreOnByDefault) {
+  EXPECT_TRUE(NvmeStoreConfig{}.checksums);
+  TempDir dir;
+  NvmeStoreConfig config;
+  config.nvme_path = dir.path();
+  config.aio.backend = aio::BackendKind::kPsync;
+  NvmeStore store(config);
+  const ExtentId id = store.allocate(8192);
+  const std::vector<uint8_t> data(8192, 0x21);
+  store.write(id, data.data());
+  corrupt_byte(store.path(), store.extent(id).file_offset + 5000);
+  std::vector<uint8_t> back(8192, 0);
+  try {
+    store.read(id, back.data());
+    FAIL() << "a corrupted extent was read without error under the default config";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt) << e.what();
+  }
+}
+
 TEST(NvmeStore, CorruptExtentIsReportedWithFileAndOffset) {
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
