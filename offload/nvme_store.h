@@ -5,6 +5,17 @@
 // capacities that are multiples of 4096 bytes, so every transfer is O_DIRECT-ready; the
 // bytes move through aio::AioHandle (io_uring/libaio/psync, buffered fallback on tmpfs).
 //
+// Striping (`nvme_paths`, several folders, e.g. one per drive): each folder gets its own
+// swap file (and lock) under <folder>/zinf_swap/rank<r>/, and every queue its own aio
+// handle per folder (own worker threads, rings and descriptors). Extents live in one
+// logical address space that is striped RAID-0 style: stripe unit k (`stripe_bytes`, 1 MiB
+// by default) lies in file k mod n, at (k div n) * stripe_bytes. An extent of several
+// units is thus read and written from all drives at once; whole extents spread round-robin
+// would give one large extent the bandwidth of one drive, and the swappers move a few large
+// extents at a time. Free space is checked and reserved per folder (an error names the
+// folder's file, its needed and free bytes). With one folder the logical offset is the file
+// offset and nothing is split: the store behaves as it did before striping.
+//
 // Space: allocate() is bookkeeping only. A write to an extent whose bytes are not reserved
 // yet first checks the free space of the file system (statvfs) and reserves them with
 // fallocate, so an ENOSPC cannot strike mid-run: everything allocated when it fits, else
@@ -38,6 +49,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -50,11 +62,15 @@
 namespace zinf::offload {
 
 struct NvmeStoreConfig {
-  std::string nvme_path;       // offload_*.nvme_path: the directory that receives zinf_swap/
-  int rank = 0;                // picks rank<r>/
-  std::string name = "store";  // file stem: <name>.swp, <name>.lock
-  aio::AioConfig aio;          // the `aio` config block
-  bool checksums = true;       // xxh3-64 per extent, verified on read (zinf.swap_checksums)
+  std::string nvme_path;  // offload_*.nvme_path: the directory that receives zinf_swap/
+  // zinf.nvme_paths: several directories to stripe across; when not empty it replaces
+  // nvme_path. Each must exist; none may appear twice.
+  std::vector<std::string> nvme_paths;
+  uint64_t stripe_bytes = 1 << 20;  // striping unit; a positive multiple of 4096
+  int rank = 0;                     // picks rank<r>/
+  std::string name = "store";       // file stem: <name>.swp, <name>.lock
+  aio::AioConfig aio;               // the `aio` config block
+  bool checksums = true;            // xxh3-64 per extent, verified on read (zinf.swap_checksums)
   // Builds each aio worker's backend; empty: aio's default for `aio.backend`. Tests pass a
   // fault-injecting factory here.
   aio::BackendFactory backend_factory;
@@ -69,7 +85,7 @@ using FallocateFunction = int (*)(int fd, int mode, int64_t offset, int64_t leng
 void set_fallocate_function_for_testing(FallocateFunction function);
 
 struct ExtentInfo {
-  uint64_t file_offset = 0;  // bytes; multiple of 4096
+  uint64_t file_offset = 0;  // bytes; multiple of 4096 (striped: in the logical space)
   uint64_t bytes = 0;        // as allocated
   uint64_t capacity = 0;     // bytes reserved in the file; multiple of 4096
 };
@@ -79,13 +95,13 @@ struct NvmeStoreStats {
   uint64_t bytes_written = 0;
   uint64_t reads = 0;              // extent reads completed (verified when checksums are on)
   uint64_t writes = 0;             // extent writes completed
-  uint64_t file_bytes = 0;         // size of the swap file's allocated span
-  uint64_t reserved_bytes = 0;     // bytes fallocated so far
+  uint64_t file_bytes = 0;         // size of the allocated span (striped: logical, all files)
+  uint64_t reserved_bytes = 0;     // bytes fallocated so far (striped: logical, all files)
   uint64_t io_requests = 0;        // aio requests of the transfers waited for, on all queues
   uint64_t fixed_io_requests = 0;  // of io_requests: those that used a registered buffer
   bool buffered = false;           // the file system refused O_DIRECT (tmpfs)
   bool replaced_stale = false;     // a swap file from a crashed run was found and replaced
-  bool no_fallocate = false;       // the file system has no fallocate: space is not reserved
+  bool no_fallocate = false;       // a file system has no fallocate: space is not reserved
 };
 
 class NvmeStore {
@@ -116,12 +132,12 @@ class NvmeStore {
 
     [[nodiscard]] size_t pending() const noexcept { return pending_.size(); }
 
-    // Registers long-lived memory (a pinned pool's ranges()) with this queue's aio handle,
+    // Registers long-lived memory (a pinned pool's ranges()) with this queue's aio handles,
     // so transfers whose buffer lies inside one range use io_uring fixed buffers (see
     // aio::AioHandle::register_buffers). Returns false when the backend has none or the
-    // kernel refused them; transfers work either way. The ranges must stay mapped until
-    // unregister_buffers() for them has returned or the queue is destroyed. Blocks until the
-    // handle's workers use the new table (they first finish the requests they hold).
+    // kernel refused them (for any of the handles); transfers work either way. The ranges must stay
+    // mapped until unregister_buffers() for them has returned or the queue is destroyed. Blocks
+    // until the handle's workers use the new table (they first finish the requests they hold).
     bool register_buffers(std::span<const std::pair<void*, size_t>> ranges);
     void unregister_buffers(std::span<const std::pair<void*, size_t>> ranges);
 
@@ -143,29 +159,41 @@ class NvmeStore {
     // Any part of an extent; whole-extent reads are verified when checksums are on.
     void async_transfer(ExtentId id, uint64_t offset, uint64_t bytes, void* buffer, bool is_write);
     [[nodiscard]] std::unique_ptr<aio::AioHandle> make_handle() const;
-    // io_, made anew (with registered_ registered) when the last one was dropped.
-    aio::AioHandle& handle();
+    // The handle of device `device`, made anew (with registered_ registered) when the last
+    // one was dropped after a failure.
+    aio::AioHandle& handle(size_t device);
+    // Queues the piece(s) of a transfer at logical `offset` on the devices' handles.
+    void submit(bool is_write, void* buffer, uint64_t bytes, uint64_t offset);
+
+    // Per device of the store.
+    struct Lane {
+      std::unique_ptr<aio::AioHandle> io;  // null after a failure until the next transfer
+      bool checked_buffered = false;       // io's O_DIRECT fallback reported to the store
+      aio::AioStats reported;              // io->stats() already added to the store's totals
+    };
 
     NvmeStore& store_;
-    std::unique_ptr<aio::AioHandle> io_;  // null after a failure until the next transfer
+    std::vector<Lane> lanes_;
     std::vector<Pending> pending_;
     std::vector<std::pair<void*, size_t>> registered_;  // register_buffers() ranges
-    bool checked_buffered_ = false;  // io_'s O_DIRECT fallback reported to the store
-    aio::AioStats reported_;         // io_->stats() already added to the store's totals
+    std::optional<std::string> submit_error_;  // a transfer queued only in part: its failure
   };
 
-  // Creates the directory, takes the lock, replaces a stale swap file. Throws
-  // OffloadError(kConfig) for an empty nvme_path, kIo when the directory or lock file
-  // cannot be made or another live process holds the lock; std::invalid_argument for a bad
-  // aio config.
+  // Creates the directories, takes the locks, replaces stale swap files. Throws
+  // OffloadError(kConfig) for no path (or a path given twice, or a bad stripe_bytes), kIo
+  // when a directory or lock file cannot be made or another live process holds a lock;
+  // std::invalid_argument for a bad aio config.
   explicit NvmeStore(NvmeStoreConfig config);
   ~NvmeStore();
 
   NvmeStore(const NvmeStore&) = delete;
   NvmeStore& operator=(const NvmeStore&) = delete;
 
-  [[nodiscard]] const std::string& path() const noexcept { return path_; }
-  [[nodiscard]] const std::string& directory() const noexcept { return directory_; }
+  // The (first) swap file and its directory; all of them, one per path, in path order.
+  [[nodiscard]] const std::string& path() const noexcept { return devices_.front().path; }
+  [[nodiscard]] const std::string& directory() const noexcept { return devices_.front().directory; }
+  [[nodiscard]] std::vector<std::string> paths() const;
+  [[nodiscard]] std::vector<std::string> directories() const;
   [[nodiscard]] const NvmeStoreConfig& config() const noexcept { return config_; }
 
   // Reserves an extent of `bytes` bytes (> 0) in the file (bookkeeping only).
@@ -205,21 +233,36 @@ class NvmeStore {
 
   // Caller holds mutex_.
   Extent& checked(ExtentId id, uint64_t offset, uint64_t bytes, const char* op);
-  // Makes sure the file's bytes below `needed_end` are reserved: reserves everything
-  // allocated when the file system has room for it, else just up to `needed_end`. Throws
+  // Makes sure the logical bytes below `needed_end` are reserved: reserves everything
+  // allocated when the file systems have room for it, else just up to `needed_end`. Throws
   // OffloadError(kSpace) when not even that fits (nothing is reserved then).
   void reserve_locked(uint64_t needed_end);
-  void take_lock_and_replace_stale();
-  // Removes the swap file, the lock file and the rank<r>/ and zinf_swap/ directories when
+  // Reserves logical [reserved_, target) in every file, or throws with `failure` set to the
+  // reason it does not fit (kSpace) and nothing reserved.
+  bool try_reserve_locked(uint64_t target, std::string& failure);
+  // Sets every file's size to its share of logical bytes [0, logical_end); best effort.
+  void shrink_files_locked(uint64_t logical_end) noexcept;
+  // Bytes of logical [0, logical_end) that lie in device `device`'s file.
+  [[nodiscard]] uint64_t device_bytes(size_t device, uint64_t logical_end) const noexcept;
+
+  // One swap folder: its file, lock and descriptors.
+  struct Device {
+    std::string nvme_path;  // the configured folder
+    std::string directory;  // <nvme_path>/zinf_swap/rank<r>
+    std::string path;       // the swap file
+    std::string lock_path;
+    aio::UniqueFd lock_fd;      // flock()ed while the store lives
+    aio::UniqueFd file_fd;      // kept open for fallocate
+    bool no_fallocate = false;  // guarded by mutex_: its reservations are ftruncates
+  };
+  void take_lock_and_replace_stale(Device& device);
+  // Removes the swap files, the lock files and the rank<r>/ and zinf_swap/ directories when
   // they are empty.
   void remove_files() noexcept;
 
   const NvmeStoreConfig config_;
-  std::string directory_;
-  std::string path_;
-  std::string lock_path_;
-  aio::UniqueFd lock_fd_;  // flock()ed while the store lives
-  aio::UniqueFd file_fd_;  // kept open for fallocate
+  std::vector<Device> devices_;  // one per path; fixed after construction (but no_fallocate)
+  std::string label_;            // the swap file(s), for messages
 
   mutable std::mutex mutex_;
   std::vector<Extent> extents_;              // guarded by mutex_; index = ExtentId
@@ -234,7 +277,6 @@ class NvmeStore {
   uint64_t io_requests_ = 0;                 // guarded by mutex_
   uint64_t fixed_io_requests_ = 0;           // guarded by mutex_
   bool buffered_ = false;                    // guarded by mutex_: some queue fell back
-  bool no_fallocate_ = false;                // guarded by mutex_: reservations are ftruncates
   bool replaced_stale_ = false;              // set in the constructor only
 
   std::mutex sync_mutex_;

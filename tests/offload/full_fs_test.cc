@@ -221,5 +221,38 @@ TEST(NvmeStoreFullFileSystem, WithoutFallocateNoSpaceStrikesMidWriteAndTheStoreG
   EXPECT_EQ(back, data_b);
 }
 
+TEST(NvmeStoreFullFileSystem, AFullFolderAmongStripedOnesIsReportedByName) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  SmallTmpfs small(8 * kMiB);
+  ZINF_MOUNT_OR_SKIP(small);
+  TempDir roomy;
+  NvmeStoreConfig config = store_config(small.path());
+  config.nvme_paths = {roomy.path(), small.path()};
+  NvmeStore store(config);
+  // 20 MiB striped over two folders: 10 MiB each, and the tmpfs has 8.
+  const ExtentId big = store.allocate(20 * kMiB);
+  const std::vector<uint8_t> data = random_bytes(rng, 20 * kMiB);
+  try {
+    store.write(big, data.data());
+    FAIL() << "10 MiB reserved on an 8 MiB tmpfs";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kSpace) << e.what();
+    const std::string message = e.what();
+    EXPECT_NE(message.find(store.paths()[1]), std::string::npos) << message;
+    EXPECT_NE(message.find("needs " + std::to_string(10 * kMiB)), std::string::npos) << message;
+    EXPECT_NE(message.find("bytes free"), std::string::npos) << message;
+  }
+  // What fits in both goes on.
+  store.free(big);
+  const ExtentId fits = store.allocate(6 * kMiB);
+  const std::vector<uint8_t> part(data.begin(), data.begin() + 6 * kMiB);
+  store.write(fits, part.data());
+  std::vector<uint8_t> back(6 * kMiB, 0);
+  store.read(fits, back.data());
+  EXPECT_EQ(back, part);
+}
+
 }  // namespace
 }  // namespace zinf::offload
