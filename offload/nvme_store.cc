@@ -170,7 +170,8 @@ aio::AioHandle& NvmeStore::Queue::handle(size_t device) {
   return *lane.io;
 }
 
-void NvmeStore::Queue::submit(bool is_write, void* buffer, uint64_t bytes, uint64_t offset) {
+void NvmeStore::Queue::submit(bool is_write, void* buffer, uint64_t bytes, uint64_t offset,
+                              size_t& queued) {
   const size_t n = lanes_.size();
   auto* memory = static_cast<std::byte*>(buffer);
   const auto queue_piece = [&](size_t device, uint64_t piece, uint64_t file_offset) {
@@ -180,6 +181,7 @@ void NvmeStore::Queue::submit(bool is_write, void* buffer, uint64_t bytes, uint6
     } else {
       handle(device).async_pread(memory, piece, path, file_offset);
     }
+    ++queued;
   };
   if (n == 1) {
     queue_piece(0, bytes, offset);  // the logical offset is the file offset
@@ -266,18 +268,11 @@ void NvmeStore::Queue::async_transfer(ExtentId id, uint64_t offset, uint64_t byt
     pending.checksum = hash_of(buffer, bytes);  // the source must stay untouched until wait
   }
   pending_.push_back(pending);
-  std::vector<int> before(lanes_.size());
-  for (size_t i = 0; i < lanes_.size(); ++i) {
-    before[i] = lanes_[i].io ? lanes_[i].io->pending() : 0;
-  }
+  size_t queued = 0;
   try {
-    submit(is_write, buffer, bytes, pending.file_offset);
+    submit(is_write, buffer, bytes, pending.file_offset, queued);
   } catch (const std::exception& e) {
-    bool queued = false;  // some pieces are in flight already: wait() must collect them
-    for (size_t i = 0; i < lanes_.size(); ++i) {
-      queued = queued || (lanes_[i].io && lanes_[i].io->pending() > before[i]);
-    }
-    if (queued) {
+    if (queued > 0) {  // some pieces are in flight already: wait() must collect them
       if (!submit_error_) {
         submit_error_ = "queueing a transfer on swap file(s) " + store_.label_ + " at offset " +
                         std::to_string(pending.file_offset) + " failed: " + e.what();

@@ -12,9 +12,10 @@
 // by default) lies in file k mod n, at (k div n) * stripe_bytes. An extent of several
 // units is thus read and written from all drives at once; whole extents spread round-robin
 // would give one large extent the bandwidth of one drive, and the swappers move a few large
-// extents at a time. Free space is checked and reserved per folder (an error names the
-// folder's file, its needed and free bytes). With one folder the logical offset is the file
-// offset and nothing is split: the store behaves as it did before striping.
+// extents at a time. The default unit equals aio's default block_size, so striping adds no
+// requests: each unit is one request either way. Free space is checked and reserved per
+// folder (an error names the folder's file, its needed and free bytes). With one folder the
+// logical offset is the file offset and nothing is split: the store behaves as before.
 //
 // Space: allocate() is bookkeeping only. A write to an extent whose bytes are not reserved
 // yet first checks the free space of the file system (statvfs) and reserves them with
@@ -162,8 +163,9 @@ class NvmeStore {
     // The handle of device `device`, made anew (with registered_ registered) when the last
     // one was dropped after a failure.
     aio::AioHandle& handle(size_t device);
-    // Queues the piece(s) of a transfer at logical `offset` on the devices' handles.
-    void submit(bool is_write, void* buffer, uint64_t bytes, uint64_t offset);
+    // Queues the piece(s) of a transfer at logical `offset` on the devices' handles, counting
+    // in `queued` those queued (the rest are not, when it throws).
+    void submit(bool is_write, void* buffer, uint64_t bytes, uint64_t offset, size_t& queued);
 
     // Per device of the store.
     struct Lane {
