@@ -209,7 +209,7 @@ void ZeroModel::partition(const Initializer& initializer) {
           name));
     }
     offload::NvmeStoreConfig sc;
-    sc.nvme_path = config_.nvme_paths.front();
+    sc.nvme_paths = config_.nvme_paths;  // striped when there are several
     sc.rank = comm_.rank();
     sc.name = name;
     sc.aio = config_.aio;
