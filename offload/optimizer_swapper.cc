@@ -92,14 +92,9 @@ OptimizerSwapper::OptimizerSwapper(const OptimizerSwapperConfig& config,
     store_->reserve();  // fail now, with the numbers, rather than at the first write
     state_pool_ = std::make_unique<PinnedBufferPool>(sets * kinds_.size(), group * 4, accelerator,
                                                      "optimizer state pool");
-    const std::vector<std::pair<void*, size_t>> ranges = state_pool_->ranges();
-    bool register_pool = true;  // stop asking once a handle refused (one warning, not one per set)
     for (size_t s = 0; s < sets; ++s) {
       auto set = std::make_unique<BufferSet>();
-      set->queue = store_->make_queue();
-      if (register_pool) {
-        register_pool = set->queue->register_buffers(ranges);
-      }
+      set->queue = make_queue();
       sets_.push_back(std::move(set));
     }
   } else {
@@ -112,6 +107,15 @@ OptimizerSwapper::OptimizerSwapper(const OptimizerSwapperConfig& config,
 }
 
 OptimizerSwapper::~OptimizerSwapper() = default;
+
+std::unique_ptr<NvmeStore::Queue> OptimizerSwapper::make_queue() {
+  std::unique_ptr<NvmeStore::Queue> queue = store_->make_queue();
+  if (register_pool_) {
+    const std::vector<std::pair<void*, size_t>> ranges = state_pool_->ranges();
+    register_pool_ = queue->register_buffers(ranges);
+  }
+  return queue;
+}
 
 size_t OptimizerSwapper::kind_index(OptimizerState state) const {
   for (size_t i = 0; i < kinds_.size(); ++i) {
@@ -214,8 +218,7 @@ void* OptimizerSwapper::memory(OptimizerState state) {
   return store_ == nullptr ? memory_[kind_index(state)].data() : nullptr;
 }
 
-void OptimizerSwapper::write_sub_group(OptimizerState state, size_t sub_group,
-                                       const void* data) {
+void OptimizerSwapper::write_sub_group(OptimizerState state, size_t sub_group, const void* data) {
   const auto [offset, numel] = sub_group_range(sub_group);
   const size_t k = kind_index(state);
   const size_t bytes = element_bytes(state);
@@ -329,7 +332,7 @@ void OptimizerSwapper::step_in_memory(const OptimizerStepOptions& options,
       arrays[k] = memory_[k].data() + sg.offset * element_bytes(kinds_[k]);
       touched += sg.numel * element_bytes(kinds_[k]);
     }
-    void* copy_ptr = !options.copy_params                       ? nullptr
+    void* copy_ptr = !options.copy_params                          ? nullptr
                      : config_.param_copy_dtype == DType::kFloat32 ? arrays[0]
                                                                    : copy.data();
     report.nonfinite_grads += run_optimizer(sg, arrays.data(), copy_ptr, options);
@@ -347,6 +350,11 @@ void OptimizerSwapper::step_nvme(const OptimizerStepOptions& options, const Para
   const size_t set_count = sets_.size();
   const size_t n = sub_groups_.size();
   const size_t grads = kind_index(OptimizerState::kGrads);
+  for (auto& set : sets_) {
+    if (set->queue == nullptr) {  // closed after a failed step
+      set->queue = make_queue();
+    }
+  }
   for (auto& set : sets_) {
     set->states = state_pool_->acquire(kinds_.size());
     set->copy = copy_pool_->acquire();
@@ -382,7 +390,7 @@ void OptimizerSwapper::step_nvme(const OptimizerStepOptions& options, const Para
       for (size_t k = 0; k < kinds_.size(); ++k) {
         arrays[k] = set.states[k].data();
       }
-      void* copy_ptr = !options.copy_params                       ? nullptr
+      void* copy_ptr = !options.copy_params                          ? nullptr
                        : config_.param_copy_dtype == DType::kFloat32 ? arrays[0]
                                                                      : set.copy.data();
       report.nonfinite_grads += run_optimizer(sg, arrays.data(), copy_ptr, options);
@@ -409,11 +417,14 @@ void OptimizerSwapper::step_nvme(const OptimizerStepOptions& options, const Para
     }
   } catch (...) {
     // Let every transfer end before the buffers go back to the pool; report the first error.
+    // Then close the queues: one that saw an error may hold a broken aio handle (an engine
+    // failure fails all its later transfers), so the next step makes fresh ones.
     for (auto& set : sets_) {
       try {
         set->queue->wait();
       } catch (...) {
       }
+      set->queue.reset();
     }
     for (auto& set : sets_) {
       set->states.clear();

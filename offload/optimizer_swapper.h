@@ -22,7 +22,9 @@
 //
 // Failure: any I/O error or corrupt extent throws OffloadError out of step() after every
 // in-flight transfer has ended. Sub-groups before the failing one have been updated on
-// disk; the step as a whole must be treated as failed (restore from a checkpoint).
+// disk; the step as a whole must be treated as failed (restore from a checkpoint). The
+// step's I/O queues are closed then (a queue that saw an error may hold a broken aio
+// handle) and the next step makes fresh ones.
 //
 // Thread safety: calls on one OptimizerSwapper must not overlap (one driving thread); the
 // I/O it issues runs on aio's workers and the optimizer on TBB's. counters() may be called
@@ -145,6 +147,9 @@ class OptimizerSwapper {
                  OptimizerStepReport& report);
   uint64_t run_optimizer(const SubGroup& group, void* const* arrays, void* param_copy,
                          const OptimizerStepOptions& options);
+  // A new I/O queue for a buffer set, with state_pool_'s buffers registered (until one
+  // handle refuses them).
+  std::unique_ptr<NvmeStore::Queue> make_queue();
 
   const OptimizerSwapperConfig config_;
   optimizer_cpu::Optimizer& optimizer_;
@@ -154,7 +159,9 @@ class OptimizerSwapper {
   std::vector<std::vector<std::byte>> memory_;  // device kCpu: one array per kind
   std::unique_ptr<PinnedBufferPool> state_pool_;
   std::unique_ptr<PinnedBufferPool> copy_pool_;
+  bool register_pool_ = true;  // false once a handle refused the pool (one warning in all)
   // After the pools: the sets' queues, which have state_pool_'s buffers registered, go first.
+  // A set's queue is null after a failed step closed it; the next step makes a fresh one.
   std::vector<std::unique_ptr<BufferSet>> sets_;
   Counters counters_;
 };

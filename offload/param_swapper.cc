@@ -63,6 +63,8 @@ void ParamSwapper::return_queue(QueuePtr queue) noexcept {
   if (queue == nullptr || queue->pending() != 0) {
     return;  // not drained: let its destructor wait rather than reuse it
   }
+  // Only queues whose last wait() succeeded come here: one that saw an error may hold a
+  // broken aio handle (an engine failure fails all its later transfers) and is destroyed.
   try {
     idle_queues_.push_back(std::move(queue));
   } catch (...) {
@@ -98,7 +100,8 @@ ParamId ParamSwapper::add(uint64_t numel, const void* initial) {
     }
     {
       ScopedTime time(counters_, Counters::Clock::kIoWait);
-      queue->wait();  // on failure `queue` is drained too: its destructor has nothing to do
+      // On failure `queue` is drained too, and closed (not reused) as it goes out of scope.
+      queue->wait();
     }
     return_queue(std::move(queue));
     partitions_.push_back(std::move(p));
@@ -134,14 +137,15 @@ void ParamSwapper::queue_reads(Partition& p) {
     }
   } catch (...) {
     // Chunks queued before the failure may still land in the buffers: drain, then drop
-    // them, so the partition is not left "resident" with contents nobody read.
+    // them, so the partition is not left "resident" with contents nobody read. The queue
+    // saw an error: it is closed, not reused.
     if (queue != nullptr) {
       try {
         queue->wait();
       } catch (...) {
         // Their contents are discarded with the buffers anyway.
       }
-      return_queue(std::move(queue));
+      queue.reset();
     }
     p.buffers.clear();
     throw;
@@ -157,8 +161,9 @@ void ParamSwapper::wait_reads(Partition& p) {
     ScopedTime time(counters_, Counters::Clock::kIoWait);
     p.reads->wait();
   } catch (...) {
-    // What the buffers hold is unknown: drop them, so a later swap_in reads again.
-    return_queue(std::move(p.reads));
+    // What the buffers hold is unknown: drop them, so a later swap_in reads again. The
+    // queue (drained by its wait) may have a broken handle: closed, never reused.
+    p.reads.reset();
     p.buffers.clear();
     throw;
   }

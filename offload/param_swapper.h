@@ -22,7 +22,8 @@
 // (after the optimizer step) in CPU memory or on NVMe, and refreshes a resident view.
 //
 // Errors: a failed or corrupt read is thrown by the swap_in() that waits for it, and the
-// partition is then not resident (its buffers went back): the next swap_in() reads again.
+// partition is then not resident (its buffers went back): the next swap_in() reads again,
+// on a fresh I/O queue (a queue that saw an error, e.g. an aio engine failure, is closed).
 // release() discards a partition's data, so it waits for its reads but does not report
 // their errors. A failed add() leaves no partition and no extent behind.
 //
@@ -131,7 +132,9 @@ class ParamSwapper {
   Partition& get(ParamId id);
   const Partition& get(ParamId id) const;
   uint64_t chunk_numel(const Partition& p, size_t chunk) const;
-  // An idle queue (made when none is), and back to the idle set once drained.
+  // An idle queue (made when none is), and back to the idle set once drained. Only a queue
+  // whose transfers all succeeded goes back: one that saw an error is destroyed, so a broken
+  // aio handle (engine failure) never serves a later transfer.
   QueuePtr take_queue();
   void return_queue(QueuePtr queue) noexcept;
   // Queues the reads of every chunk of `p` into its buffers on a queue of its own.

@@ -386,6 +386,62 @@ TEST_P(OptimizerSwapperFaults, ReadFaultMidStepIsReportedNotApplied) {
   EXPECT_GE(torn, 1) << "a failed write left no torn extent behind";
 }
 
+// An engine failure breaks the aio handle of the set's queue it struck for good: the next
+// step must run on a fresh queue, with the same result as a step that never saw a fault.
+// One worker per handle, so the broken worker is the one every later transfer would use.
+TEST_P(OptimizerSwapperFaults, EngineFailureDoesNotPoisonLaterSteps) {
+  const int mode = GetParam();
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  const Problem problem(seed);
+  TempDir dir;
+  auto faults = std::make_shared<aio::FaultInjector>();
+  NvmeStoreConfig sc = store_config(dir.path(), true);
+  sc.aio.intra_op_parallelism = 1;
+  sc.backend_factory = aio::fault_backend_factory(faults);
+  NvmeStore store(sc);
+  AdamOptimizer adam(adam_config());
+  OptimizerSwapperConfig config;
+  config.numel = kNumel;
+  config.sub_group_size = kSubGroup;
+  config.pipeline_read = (mode & 1) != 0;
+  config.pipeline_write = (mode & 2) != 0;
+  OptimizerSwapper swapper(config, adam, &store);
+  swapper.initialize(problem.params.data());
+  swapper.write_grads(0, problem.grads[0].data(), kNumel);
+  // Break the engine on a read of the second sub-group's states (4 arrays of 12288 bytes
+  // in the file per sub-group, allocated in order).
+  constexpr uint64_t kGroupFileBytes = 4 * 12288;
+  faults->add(aio::FaultRule{.op = aio::Op::kRead,
+                             .offset_begin = kGroupFileBytes,
+                             .offset_end = 2 * kGroupFileBytes,
+                             .kind = aio::FaultKind::kEngine,
+                             .error = EBADF});
+  try {
+    (void)swapper.step(options_for(1));
+    FAIL() << "the broken engine was not reported";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo) << e.what();
+    const std::string message = e.what();
+    EXPECT_NE(message.find(store.path()), std::string::npos) << message;
+    EXPECT_NE(message.find("at offset "), std::string::npos) << message;
+    EXPECT_NE(message.find("engine failed"), std::string::npos) << message;
+  }
+  EXPECT_EQ(faults->fired(0), 1u);
+  // Restore the states (as from a checkpoint) and step again: every set's queue works.
+  swapper.initialize(problem.params.data());
+  swapper.write_grads(0, problem.grads[0].data(), kNumel);
+  (void)swapper.step(options_for(1));
+  const Outcome one_step = run_direct(problem, 1);
+  std::vector<float> params(kNumel), exp_avg(kNumel), exp_avg_sq(kNumel);
+  swapper.read_state(OptimizerState::kParams, params.data());
+  swapper.read_state(OptimizerState::kExpAvg, exp_avg.data());
+  swapper.read_state(OptimizerState::kExpAvgSq, exp_avg_sq.data());
+  EXPECT_EQ(std::memcmp(params.data(), one_step.params.data(), kNumel * 4), 0);
+  EXPECT_EQ(std::memcmp(exp_avg.data(), one_step.exp_avg.data(), kNumel * 4), 0);
+  EXPECT_EQ(std::memcmp(exp_avg_sq.data(), one_step.exp_avg_sq.data(), kNumel * 4), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Pipelining, OptimizerSwapperFaults, ::testing::Values(0, 1, 2, 3));
 
 TEST(OptimizerSwapper, CorruptedExtentFailsTheStepNamingFileAndOffset) {

@@ -256,6 +256,58 @@ TEST(ParamSwapper, ReadFaultIsReportedAndTheNextSwapInRetries) {
   EXPECT_EQ(faults->fired(0), 1u);
 }
 
+// An engine failure breaks the aio handle of the queue it struck for good: that queue must
+// not go back to the idle set, or every later transfer on it fails too. One worker per
+// handle, so the broken worker is the one every later transfer on that handle would use.
+TEST(ParamSwapper, EngineFailureDoesNotPoisonLaterTransfers) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  TempDir dir;
+  auto faults = std::make_shared<aio::FaultInjector>();
+  NvmeStoreConfig sc = store_config(dir.path());
+  sc.aio.intra_op_parallelism = 1;
+  sc.backend_factory = aio::fault_backend_factory(faults);
+  NvmeStore store(sc);
+  ParamSwapperConfig config = small_config();
+  config.max_in_cpu = 0;
+  ParamSwapper swapper(config, store);
+  const std::vector<uint16_t> a = random_half(rng, 1700);  // 2 chunks
+  const std::vector<uint16_t> b = random_half(rng, 900);
+  const ParamId id_a = swapper.add(a.size(), a.data());
+  const ParamId id_b = swapper.add(b.size(), b.data());
+  // `a` sits in the first two 4096-byte extents: break the engine on its second chunk's read.
+  faults->add(aio::FaultRule{.op = aio::Op::kRead,
+                             .offset_begin = 4096,
+                             .offset_end = 8192,
+                             .kind = aio::FaultKind::kEngine,
+                             .error = EBADF});
+  try {
+    (void)swapper.swap_in(id_a);
+    FAIL() << "the broken engine was not reported";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo) << e.what();
+    const std::string message = e.what();
+    EXPECT_NE(message.find(store.path()), std::string::npos) << message;
+    // The engine fails every request its worker holds; the first of them is reported.
+    EXPECT_NE(message.find("at offset "), std::string::npos) << message;
+    EXPECT_NE(message.find("engine failed"), std::string::npos) << message;
+  }
+  EXPECT_EQ(faults->fired(0), 1u);
+  EXPECT_FALSE(swapper.resident(id_a));
+  // Every later transfer runs on a healthy queue: reads, a prefetch, a write-back, an add.
+  EXPECT_EQ(gather(swapper.swap_in(id_a)), a);
+  swapper.release(id_a);
+  EXPECT_EQ(swapper.prefetch(std::vector<ParamId>{id_b, id_a}), 2u);
+  EXPECT_EQ(gather(swapper.swap_in(id_b)), b);
+  EXPECT_EQ(gather(swapper.swap_in(id_a)), a);
+  swapper.release(id_a);
+  swapper.release(id_b);
+  const std::vector<uint16_t> c = random_half(rng, 2500);
+  const ParamId id_c = swapper.add(c.size(), c.data());
+  EXPECT_EQ(gather(swapper.swap_in(id_c)), c);
+}
+
 TEST(ParamSwapper, FailedWriteBackLeavesTheStoredPartitionUnreadableNotStale) {
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
