@@ -1,5 +1,7 @@
 #include "offload/optimizer_swapper.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -76,37 +78,65 @@ OptimizerSwapper::OptimizerSwapper(const OptimizerSwapperConfig& config,
   const size_t sets = config_.device == OffloadDevice::kNvme
                           ? 1 + (config_.pipeline_read ? 1 : 0) + (config_.pipeline_write ? 1 : 0)
                           : 1;
-  if (config_.device == OffloadDevice::kNvme) {
-    if (config_.buffer_count < kinds_.size()) {
-      throw OffloadError(
-          ErrorKind::kConfig,
-          "offload_optimizer.buffer_count is " + std::to_string(config_.buffer_count) + " but " +
-              std::string(optimizer.name()) + " needs " + std::to_string(kinds_.size()) +
-              " buffers per sub-group (params, grads and its states)");
-    }
-    for (SubGroup& sg : sub_groups_) {
-      for (OptimizerState kind : kinds_) {
-        sg.extents.push_back(store_->allocate(sg.numel * element_bytes(kind)));
-      }
-    }
-    store_->reserve();  // fail now, with the numbers, rather than at the first write
-    state_pool_ = std::make_unique<PinnedBufferPool>(sets * kinds_.size(), group * 4, accelerator,
-                                                     "optimizer state pool");
-    for (size_t s = 0; s < sets; ++s) {
-      auto set = std::make_unique<BufferSet>();
-      set->queue = make_queue();
-      sets_.push_back(std::move(set));
-    }
-  } else {
-    for (OptimizerState kind : kinds_) {
-      memory_.emplace_back(config_.numel * element_bytes(kind));
-    }
-    sets_.push_back(std::make_unique<BufferSet>());
+  if (config_.device == OffloadDevice::kNvme && config_.buffer_count < kinds_.size()) {
+    throw OffloadError(ErrorKind::kConfig,
+                       "offload_optimizer.buffer_count is " + std::to_string(config_.buffer_count) +
+                           " but " + std::string(optimizer.name()) + " needs " +
+                           std::to_string(kinds_.size()) +
+                           " buffers per sub-group (params, grads and its states)");
   }
-  copy_pool_ = std::make_unique<PinnedBufferPool>(sets, group * 2, accelerator, "param copy pool");
+  // No destructor runs for a throwing constructor: give back every extent taken so far.
+  try {
+    if (config_.device == OffloadDevice::kNvme) {
+      for (SubGroup& sg : sub_groups_) {
+        sg.extents.reserve(kinds_.size());  // push_back below cannot throw: no id is lost
+        for (OptimizerState kind : kinds_) {
+          sg.extents.push_back(store_->allocate(sg.numel * element_bytes(kind)));
+        }
+      }
+      store_->reserve();  // fail now, with the numbers, rather than at the first write
+      state_pool_ = std::make_unique<PinnedBufferPool>(sets * kinds_.size(), group * 4, accelerator,
+                                                       "optimizer state pool");
+      for (size_t s = 0; s < sets; ++s) {
+        auto set = std::make_unique<BufferSet>();
+        set->queue = make_queue();
+        sets_.push_back(std::move(set));
+      }
+    } else {
+      for (OptimizerState kind : kinds_) {
+        memory_.emplace_back(config_.numel * element_bytes(kind));
+      }
+      sets_.push_back(std::make_unique<BufferSet>());
+    }
+    copy_pool_ =
+        std::make_unique<PinnedBufferPool>(sets, group * 2, accelerator, "param copy pool");
+  } catch (...) {
+    free_extents();
+    throw;
+  }
 }
 
-OptimizerSwapper::~OptimizerSwapper() = default;
+OptimizerSwapper::~OptimizerSwapper() { free_extents(); }
+
+void OptimizerSwapper::free_extents() noexcept {
+  sets_.clear();  // their queues drain whatever is still in flight first
+  if (store_ == nullptr) {
+    return;
+  }
+  for (SubGroup& sg : sub_groups_) {
+    for (ExtentId extent : sg.extents) {
+      try {
+        store_->free(extent);
+      } catch (const std::exception& e) {
+        // Only an extent with a write in flight can refuse, and the queues have drained;
+        // the space is lost to this store until it is destroyed, nothing worse.
+        spdlog::warn("zinf offload: optimizer swapper could not return a swap extent: {}",
+                     e.what());
+      }
+    }
+    sg.extents.clear();
+  }
+}
 
 std::unique_ptr<NvmeStore::Queue> OptimizerSwapper::make_queue() {
   std::unique_ptr<NvmeStore::Queue> queue = store_->make_queue();

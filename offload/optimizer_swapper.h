@@ -87,9 +87,11 @@ class OptimizerSwapper {
   // `optimizer` must outlive the swapper. `store` is required for device kNvme (and must
   // outlive the swapper), ignored for kCpu. `accelerator`, when given, gets the pinned
   // buffers registered. Allocates the extents and checks free space for them at once
-  // (OffloadError kSpace), and the pools (kConfig if buffer_count is too small).
+  // (OffloadError kSpace), and the pools (kConfig if buffer_count is too small). A
+  // constructor that throws gives back every extent it allocated.
   OptimizerSwapper(const OptimizerSwapperConfig& config, optimizer_cpu::Optimizer& optimizer,
                    NvmeStore* store, Accelerator* accelerator = nullptr);
+  // Waits for transfers in flight, then returns every extent to the store.
   ~OptimizerSwapper();
 
   OptimizerSwapper(const OptimizerSwapper&) = delete;
@@ -147,6 +149,8 @@ class OptimizerSwapper {
                  OptimizerStepReport& report);
   uint64_t run_optimizer(const SubGroup& group, void* const* arrays, void* param_copy,
                          const OptimizerStepOptions& options);
+  // Closes the sets' queues (draining them), then frees every extent of the sub-groups.
+  void free_extents() noexcept;
   // A new I/O queue for a buffer set, with state_pool_'s buffers registered (until one
   // handle refuses them).
   std::unique_ptr<NvmeStore::Queue> make_queue();

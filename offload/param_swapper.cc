@@ -1,5 +1,7 @@
 #include "offload/param_swapper.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cstring>
 #include <exception>
@@ -24,8 +26,24 @@ ParamSwapper::ParamSwapper(const ParamSwapperConfig& config, NvmeStore& store,
                                              accelerator, "param pool (offload_param)");
 }
 
-// Each partition's queue drains its reads before its buffers go (see Partition).
-ParamSwapper::~ParamSwapper() = default;
+// Every extent goes back to the store, each once no read of it is in flight: a partition's
+// queue drains its reads (its destructor waits) before its buffers and extents go.
+ParamSwapper::~ParamSwapper() {
+  for (Partition& p : partitions_) {
+    p.reads.reset();
+    p.buffers.clear();
+    for (ExtentId extent : p.chunks) {
+      try {
+        store_.free(extent);
+      } catch (const std::exception& e) {
+        // Only an extent with a write in flight can refuse, and every write here is waited
+        // for; the space is lost to this store until it is destroyed, nothing worse.
+        spdlog::warn("zinf offload: param swapper could not return a swap extent: {}", e.what());
+      }
+    }
+    p.chunks.clear();
+  }
+}
 
 ParamSwapper::Partition& ParamSwapper::get(ParamId id) {
   if (id >= partitions_.size()) {

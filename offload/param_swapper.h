@@ -75,9 +75,11 @@ struct ParamView {
 class ParamSwapper {
  public:
   // `store` must outlive the swapper; `accelerator` (optional) gets the pool registered.
-  // Throws OffloadError(kConfig) for a zero buffer_count, buffer_size or element size.
+  // Throws OffloadError(kConfig) for a zero buffer_count, buffer_size or element size. Takes
+  // no extents (add() does), so a throwing constructor leaves the store as it was.
   ParamSwapper(const ParamSwapperConfig& config, NvmeStore& store,
                Accelerator* accelerator = nullptr);
+  // Waits for the reads in flight, then returns every extent to the store.
   ~ParamSwapper();
 
   ParamSwapper(const ParamSwapper&) = delete;

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <random>
@@ -306,6 +307,104 @@ TEST(OptimizerSwapper, OutOfSpaceIsReportedBeforeAnyWork) {
     EXPECT_NE(message.find("needs " + std::to_string(uint64_t{1} << 46)), std::string::npos)
         << message;
   }
+}
+
+// A swapper gives its extents back when it is destroyed, so swappers made one after another
+// on one store reuse the same space: the swap file does not grow with every one.
+TEST(OptimizerSwapper, DestroyedSwapperReturnsItsExtents) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  const Problem problem(seed);
+  TempDir dir;
+  NvmeStore store(store_config(dir.path(), true));
+  std::vector<NvmeStoreStats> after;
+  std::vector<uint64_t> file_sizes;
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    {
+      AdamOptimizer adam(adam_config());
+      OptimizerSwapperConfig config;
+      config.numel = kNumel;
+      config.sub_group_size = kSubGroup;
+      config.pipeline_read = config.pipeline_write = true;
+      OptimizerSwapper swapper(config, adam, &store);
+      swapper.initialize(problem.params.data());
+      swapper.write_grads(0, problem.grads[0].data(), kNumel);
+      (void)swapper.step(options_for(1));
+    }
+    after.push_back(store.stats());
+    file_sizes.push_back(std::filesystem::file_size(store.path()));
+    uint64_t probe_offset = 0;
+    EXPECT_TRUE(testing::holds_no_extent(store, &probe_offset));
+    EXPECT_EQ(probe_offset, 0u);
+  }
+  // 4 arrays x (3 sub-groups of 12288 bytes + one of 4096) in the file.
+  EXPECT_EQ(after[0].file_bytes, 4u * (3u * 12288u + 4096u));
+  for (size_t round = 1; round < after.size(); ++round) {
+    EXPECT_EQ(after[round].file_bytes, after[0].file_bytes) << "round " << round;
+    EXPECT_EQ(after[round].reserved_bytes, after[0].reserved_bytes) << "round " << round;
+    EXPECT_EQ(file_sizes[round], file_sizes[0]) << "round " << round;
+  }
+}
+
+// A constructor that fails after it allocated its extents gives them back: failures injected
+// at the first host registration (the state pool, after the space check) and at the last
+// (the copy pool, after the I/O queues were made). A working swapper made next on the same
+// store takes exactly the space of one.
+class OptimizerSwapperFailedConstruction : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(OptimizerSwapperFailedConstruction, LeavesTheStoreAsItWas) {
+  const uint64_t fail_at = GetParam();
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  const Problem problem(seed);
+  TempDir dir;
+  NvmeStore store(store_config(dir.path(), true));
+  AdamOptimizer adam(adam_config());
+  OptimizerSwapperConfig config;
+  config.numel = kNumel;
+  config.sub_group_size = kSubGroup;
+  config.pipeline_read = true;  // 2 sets: 8 state buffers, then 2 copy buffers registered
+  {
+    testing::RefusingAccelerator accelerator(fail_at);
+    try {
+      OptimizerSwapper swapper(config, adam, &store, &accelerator);
+      FAIL() << "registration " << fail_at << " refused, yet the swapper was made";
+    } catch (const OffloadError& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kDevice) << e.what();
+    }
+    EXPECT_EQ(accelerator.calls(), fail_at);
+    EXPECT_EQ(accelerator.registered_host_bytes(), 0u);
+  }
+  uint64_t probe_offset = 0;
+  EXPECT_TRUE(testing::holds_no_extent(store, &probe_offset));
+  EXPECT_EQ(probe_offset, 0u);
+  OptimizerSwapper swapper(config, adam, &store);
+  swapper.initialize(problem.params.data());
+  swapper.write_grads(0, problem.grads[0].data(), kNumel);
+  (void)swapper.step(options_for(1));
+  EXPECT_EQ(store.stats().file_bytes, 4u * (3u * 12288u + 4096u));
+  std::vector<float> params(kNumel);
+  swapper.read_state(OptimizerState::kParams, params.data());
+  EXPECT_EQ(std::memcmp(params.data(), run_direct(problem, 1).params.data(), kNumel * 4), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(InjectedRegistrationFailure, OptimizerSwapperFailedConstruction,
+                         ::testing::Values(uint64_t{1}, uint64_t{10}));
+
+// Out of space: the constructor's space check fails after every extent was allocated; they
+// are all given back (the store's end of file is the store's business: see NvmeStore).
+TEST(OptimizerSwapper, OutOfSpaceConstructionGivesItsExtentsBack) {
+  TempDir dir;
+  NvmeStore store(store_config(dir.path(), false));
+  AdamOptimizer adam(adam_config());
+  OptimizerSwapperConfig config;
+  config.numel = uint64_t{1} << 42;           // 64 TiB of states
+  config.sub_group_size = uint64_t{1} << 34;  // 256 sub-groups, 1024 extents
+  EXPECT_THROW(OptimizerSwapper(config, adam, &store), OffloadError);
+  uint64_t probe_offset = 0;
+  EXPECT_TRUE(testing::holds_no_extent(store, &probe_offset));
+  EXPECT_EQ(probe_offset, 0u);
 }
 
 class OptimizerSwapperFaults : public ::testing::TestWithParam<int> {};

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -395,6 +396,47 @@ TEST(ParamSwapper, SwapInWaitsOnlyForItsOwnPartition) {
   // The delay really held the slow partition back, so the bound above is meaningful.
   EXPECT_GE(std::chrono::steady_clock::now() - start, kDelay);
   EXPECT_EQ(faults->fired(rule), 1u);
+}
+
+// A swapper gives its extents back when it is destroyed — with reads still in flight and
+// partitions resident — so swappers made one after another on one store reuse the same
+// space: the swap file does not grow with every one.
+TEST(ParamSwapper, DestroyedSwapperReturnsItsExtents) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  TempDir dir;
+  NvmeStore store(store_config(dir.path()));
+  ParamSwapperConfig config = small_config();
+  config.max_in_cpu = 1000;  // the first partition stays in CPU memory, the rest on NVMe
+  std::vector<NvmeStoreStats> after;
+  std::vector<uint64_t> file_sizes;
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    {
+      ParamSwapper swapper(config, store);
+      std::vector<std::vector<uint16_t>> values;
+      std::vector<ParamId> ids;
+      for (uint64_t n : {1000, 1500, 900, 2500, 1}) {
+        values.push_back(random_half(rng, n));
+        ids.push_back(swapper.add(n, values.back().data()));
+      }
+      EXPECT_EQ(gather(swapper.swap_in(ids[1])), values[1]);  // resident at destruction
+      EXPECT_EQ(swapper.prefetch(std::vector<ParamId>{ids[2], ids[4]}), 2u);  // in flight
+    }
+    after.push_back(store.stats());
+    file_sizes.push_back(std::filesystem::file_size(store.path()));
+    uint64_t probe_offset = 0;
+    EXPECT_TRUE(testing::holds_no_extent(store, &probe_offset));
+    EXPECT_EQ(probe_offset, 0u);
+  }
+  // 2 + 1 + 3 + 1 chunks of at most 4096 bytes each.
+  EXPECT_EQ(after[0].file_bytes, 7u * 4096u);
+  for (size_t round = 1; round < after.size(); ++round) {
+    EXPECT_EQ(after[round].file_bytes, after[0].file_bytes) << "round " << round;
+    EXPECT_EQ(after[round].reserved_bytes, after[0].reserved_bytes) << "round " << round;
+    EXPECT_EQ(file_sizes[round], file_sizes[0]) << "round " << round;
+  }
 }
 
 TEST(ParamSwapper, OutOfSpaceOnFirstWrite) {
