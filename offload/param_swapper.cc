@@ -196,8 +196,8 @@ size_t ParamSwapper::prefetch(std::span<const ParamId> ids) {
     if (p.cpu != nullptr || !p.buffers.empty()) {
       continue;  // resident or already on its way
     }
-    if (p.chunks.size() > pool_->buffer_count()) {
-      break;  // could never be swapped in; swap_in reports it
+    if (p.chunks.size() > pool_->buffer_count() || p.torn) {
+      break;  // could never be swapped in (or is torn); swap_in reports it
     }
     std::vector<PinnedBufferPool::Lease> buffers = pool_->try_acquire(p.chunks.size());
     if (buffers.empty()) {
@@ -220,6 +220,7 @@ ParamView ParamSwapper::swap_in(ParamId id) {
     counters_.add_cpu_read(p.numel * config_.element_bytes);
     return view;
   }
+  check_not_torn(id, p);
   if (p.buffers.empty()) {
     if (p.chunks.size() > pool_->buffer_count()) {
       throw OffloadError(ErrorKind::kPool,
@@ -277,20 +278,46 @@ void ParamSwapper::write_back_range(ParamId id, uint64_t offset, const void* dat
     // swap_in reads the stored values (reporting the error again if it persists).
   }
   const uint64_t end = offset + numel;
-  for (size_t c = 0; c < p.chunks.size(); ++c) {
-    const uint64_t chunk_begin = c * config_.buffer_size;
-    const uint64_t begin = std::max(offset, chunk_begin);
-    const uint64_t stop = std::min(end, chunk_begin + chunk_numel(p, c));
-    if (begin >= stop) {
-      continue;
+  size_t chunks_written = 0;
+  try {
+    for (size_t c = 0; c < p.chunks.size(); ++c) {
+      const uint64_t chunk_begin = c * config_.buffer_size;
+      const uint64_t begin = std::max(offset, chunk_begin);
+      const uint64_t stop = std::min(end, chunk_begin + chunk_numel(p, c));
+      if (begin >= stop) {
+        continue;
+      }
+      const std::byte* part = src + (begin - offset) * eb;
+      store_.write_range(p.chunks[c], (begin - chunk_begin) * eb, part, (stop - begin) * eb);
+      ++chunks_written;
+      if (!p.buffers.empty()) {  // keep a resident view in step with the stored values
+        std::memcpy(p.buffers[c].data() + (begin - chunk_begin) * eb, part, (stop - begin) * eb);
+      }
     }
-    const std::byte* part = src + (begin - offset) * eb;
-    store_.write_range(p.chunks[c], (begin - chunk_begin) * eb, part, (stop - begin) * eb);
-    if (!p.buffers.empty()) {  // keep a resident view in step with the stored values
-      std::memcpy(p.buffers[c].data() + (begin - chunk_begin) * eb, part, (stop - begin) * eb);
+  } catch (...) {
+    // The view holds new values in the chunks written so far and old ones after: drop it.
+    // If some chunk already took new values, the stored partition mixes old and new (each
+    // extent may be valid, so the store cannot tell): refuse it until it is whole again.
+    p.buffers.clear();
+    if (chunks_written > 0) {
+      p.torn = true;
     }
+    throw;
+  }
+  if (offset == 0 && numel == p.numel) {
+    p.torn = false;  // every value was written anew
   }
   counters_.add_nvme_written(numel * eb);
+}
+
+void ParamSwapper::check_not_torn(ParamId id, const Partition& p) const {
+  if (p.torn) {
+    throw OffloadError(ErrorKind::kCorrupt,
+                       "param partition " + std::to_string(id) + " of " + std::to_string(p.numel) +
+                           " elements in swap file " + store_.path() +
+                           " is torn: a write_back of it failed after part of the new values "
+                           "was stored; write_back the whole partition to use it again");
+  }
 }
 
 void ParamSwapper::read(ParamId id, void* dst) {
@@ -302,6 +329,7 @@ void ParamSwapper::read(ParamId id, void* dst) {
     counters_.add_cpu_read(p.numel * eb);
     return;
   }
+  check_not_torn(id, p);
   // No need to wait for reads in flight into the pool buffers: both only read the extents.
   for (size_t c = 0; c < p.chunks.size(); ++c) {
     store_.read(p.chunks[c], out + c * config_.buffer_size * eb);

@@ -337,6 +337,102 @@ TEST(ParamSwapper, FailedWriteBackLeavesTheStoredPartitionUnreadableNotStale) {
   EXPECT_EQ(gather(swapper.swap_in(id)), updated);
 }
 
+// A swap_in after a failed write-back returns the complete old or the complete new values,
+// or throws: never a mix. Here the write of the second of three chunks of a resident
+// partition fails, after the first chunk (and its part of the view) took the new values.
+TEST(ParamSwapper, FailedWriteBackOfAResidentPartitionLeavesNoHalfUpdatedView) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  TempDir dir;
+  auto faults = std::make_shared<aio::FaultInjector>();
+  NvmeStoreConfig sc = store_config(dir.path());
+  sc.backend_factory = aio::fault_backend_factory(faults);
+  NvmeStore store(sc);
+  ParamSwapperConfig config = small_config();
+  config.max_in_cpu = 0;
+  ParamSwapper swapper(config, store);
+  const std::vector<uint16_t> old_values = random_half(rng, 2500);  // 3 chunks
+  const std::vector<uint16_t> new_values = random_half(rng, 2500);
+  const ParamId id = swapper.add(old_values.size(), old_values.data());
+  EXPECT_EQ(gather(swapper.swap_in(id)), old_values);  // resident
+  // The chunks sit in 4096-byte extents from offset 0: fail the second chunk's write.
+  faults->add(aio::FaultRule{.op = aio::Op::kWrite,
+                             .offset_begin = 4096,
+                             .offset_end = 8192,
+                             .kind = aio::FaultKind::kError,
+                             .error = EIO});
+  EXPECT_THROW(swapper.write_back(id, new_values.data()), OffloadError);
+  EXPECT_EQ(faults->fired(0), 1u);
+  for (int attempt = 0; attempt < 2; ++attempt) {  // resident view, then after a release
+    SCOPED_TRACE("attempt " + std::to_string(attempt));
+    try {
+      const std::vector<uint16_t> seen = gather(swapper.swap_in(id));
+      ADD_FAILURE() << "swap_in after a failed write-back returned "
+                    << (seen == old_values   ? "the old values"
+                        : seen == new_values ? "the new values"
+                                             : "a mix of old and new values");
+    } catch (const OffloadError& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kCorrupt) << e.what();
+    }
+    EXPECT_FALSE(swapper.resident(id));
+    swapper.release(id);
+  }
+  std::vector<uint16_t> direct(2500);
+  EXPECT_THROW(swapper.read(id, direct.data()), OffloadError);
+  // A write-back of the whole partition (the fault fired once) makes it whole again.
+  swapper.write_back(id, new_values.data());
+  EXPECT_EQ(gather(swapper.swap_in(id)), new_values);
+  swapper.read(id, direct.data());
+  EXPECT_EQ(direct, new_values);
+}
+
+// The same when the failure leaves every extent intact but some holding new values and
+// others old ones: with checksums, a range write-back read-modify-writes each chunk it
+// touches, and the read of the second chunk fails after the first was rewritten. The store
+// cannot see the mix (both extents are valid); the swapper must.
+TEST(ParamSwapper, FailedRangeWriteBackAcrossChunksLeavesNoMix) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  TempDir dir;
+  auto faults = std::make_shared<aio::FaultInjector>();
+  NvmeStoreConfig sc = store_config(dir.path(), /*checksums=*/true);
+  sc.backend_factory = aio::fault_backend_factory(faults);
+  NvmeStore store(sc);
+  ParamSwapperConfig config = small_config();
+  config.max_in_cpu = 0;
+  ParamSwapper swapper(config, store);
+  const std::vector<uint16_t> old_values = random_half(rng, 2500);
+  const ParamId id = swapper.add(old_values.size(), old_values.data());
+  const std::vector<uint16_t> patch = random_half(rng, 1000);
+  std::vector<uint16_t> new_values = old_values;
+  std::copy(patch.begin(), patch.end(), new_values.begin() + 500);  // elements [500, 1500)
+  faults->add(aio::FaultRule{.op = aio::Op::kRead,
+                             .offset_begin = 4096,
+                             .offset_end = 8192,
+                             .kind = aio::FaultKind::kError,
+                             .error = EIO});
+  EXPECT_THROW(swapper.write_back_range(id, 500, patch.data(), patch.size()), OffloadError);
+  EXPECT_EQ(faults->fired(0), 1u);
+  try {
+    const std::vector<uint16_t> seen = gather(swapper.swap_in(id));
+    ADD_FAILURE() << "swap_in after a failed write-back returned "
+                  << (seen == old_values   ? "the old values"
+                      : seen == new_values ? "the new values"
+                                           : "a mix of old and new values");
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt) << e.what();
+    EXPECT_NE(std::string(e.what()).find("write_back"), std::string::npos) << e.what();
+  }
+  // A range write-back cannot make it whole (the rest of the values are unknown): it stays
+  // refused until the whole partition is written.
+  swapper.write_back_range(id, 500, patch.data(), patch.size());
+  EXPECT_THROW((void)swapper.swap_in(id), OffloadError);
+  swapper.write_back(id, new_values.data());
+  EXPECT_EQ(gather(swapper.swap_in(id)), new_values);
+}
+
 TEST(ParamSwapper, FailedAddLeavesNoExtentBehind) {
   TempDir dir;
   auto faults = std::make_shared<aio::FaultInjector>();
