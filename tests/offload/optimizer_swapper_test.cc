@@ -15,6 +15,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "aio/fault_backend.h"
@@ -407,16 +408,20 @@ TEST(OptimizerSwapper, OutOfSpaceConstructionGivesItsExtentsBack) {
   EXPECT_EQ(probe_offset, 0u);
 }
 
-class OptimizerSwapperFaults : public ::testing::TestWithParam<int> {};
+// Fault paths, in every pipelining mode (0-3: pipeline_read | pipeline_write << 1) and on
+// every aio backend, the faults injected through a FaultBackend wrapped around it.
+class OptimizerSwapperFaults : public ::testing::TestWithParam<std::tuple<int, aio::BackendKind>> {
+};
 
 TEST_P(OptimizerSwapperFaults, ReadFaultMidStepIsReportedNotApplied) {
-  const int mode = GetParam();
+  const int mode = std::get<0>(GetParam());
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   const Problem problem(seed);
   TempDir dir;
   auto faults = std::make_shared<aio::FaultInjector>();
   NvmeStoreConfig sc = store_config(dir.path(), false);
+  sc.aio.backend = std::get<1>(GetParam());
   sc.backend_factory = aio::fault_backend_factory(faults);
   NvmeStore store(sc);
   AdamOptimizer adam(adam_config());
@@ -489,7 +494,7 @@ TEST_P(OptimizerSwapperFaults, ReadFaultMidStepIsReportedNotApplied) {
 // step must run on a fresh queue, with the same result as a step that never saw a fault.
 // One worker per handle, so the broken worker is the one every later transfer would use.
 TEST_P(OptimizerSwapperFaults, EngineFailureDoesNotPoisonLaterSteps) {
-  const int mode = GetParam();
+  const int mode = std::get<0>(GetParam());
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   const Problem problem(seed);
@@ -497,6 +502,7 @@ TEST_P(OptimizerSwapperFaults, EngineFailureDoesNotPoisonLaterSteps) {
   auto faults = std::make_shared<aio::FaultInjector>();
   NvmeStoreConfig sc = store_config(dir.path(), true);
   sc.aio.intra_op_parallelism = 1;
+  sc.aio.backend = std::get<1>(GetParam());
   sc.backend_factory = aio::fault_backend_factory(faults);
   NvmeStore store(sc);
   AdamOptimizer adam(adam_config());
@@ -541,7 +547,80 @@ TEST_P(OptimizerSwapperFaults, EngineFailureDoesNotPoisonLaterSteps) {
   EXPECT_EQ(std::memcmp(exp_avg_sq.data(), one_step.exp_avg_sq.data(), kNumel * 4), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Pipelining, OptimizerSwapperFaults, ::testing::Values(0, 1, 2, 3));
+TEST_P(OptimizerSwapperFaults, ShortWriteThenErrorMidStepIsReportedNotApplied) {
+  const int mode = std::get<0>(GetParam());
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  const Problem problem(seed);
+  TempDir dir;
+  auto faults = std::make_shared<aio::FaultInjector>();
+  NvmeStoreConfig sc = store_config(dir.path(), true);
+  sc.aio.intra_op_parallelism = 1;  // one request per aligned run: the short one is predictable
+  sc.aio.backend = std::get<1>(GetParam());
+  sc.backend_factory = aio::fault_backend_factory(faults);
+  NvmeStore store(sc);
+  AdamOptimizer adam(adam_config());
+  OptimizerSwapperConfig config;
+  config.numel = kNumel;
+  config.sub_group_size = kSubGroup;
+  config.pipeline_read = (mode & 1) != 0;
+  config.pipeline_write = (mode & 2) != 0;
+  OptimizerSwapper swapper(config, adam, &store);
+  swapper.initialize(problem.params.data());
+  swapper.write_grads(0, problem.grads[0].data(), kNumel);
+  // The step's write of sub-group 1's params (12000 bytes at 4 x 12288) comes back short
+  // (4096 bytes), and the write of its remainder fails with ENOSPC.
+  constexpr uint64_t kParams1 = 4 * 12288;
+  faults->add(aio::FaultRule{.op = aio::Op::kWrite,
+                             .offset_begin = kParams1,
+                             .offset_end = kParams1 + 1,
+                             .kind = aio::FaultKind::kShort,
+                             .short_bytes = 4096});
+  faults->add(aio::FaultRule{.op = aio::Op::kWrite,
+                             .offset_begin = kParams1 + 4096,
+                             .offset_end = kParams1 + 4097,
+                             .kind = aio::FaultKind::kError,
+                             .error = ENOSPC});
+  try {
+    (void)swapper.step(options_for(1));
+    FAIL() << "a short write followed by ENOSPC was not reported";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo) << e.what();
+    EXPECT_NE(std::string(e.what()).find(store.path()), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(faults->fired(0), 1u) << "no short write";
+  EXPECT_EQ(faults->fired(1), 1u) << "no error on the continuation";
+  faults->clear();
+  // The half-written params are never read back as data; sub-group 0 was fully updated.
+  std::vector<float> group(kSubGroup);
+  try {
+    swapper.read_sub_group(OptimizerState::kParams, 1, group.data());
+    FAIL() << "params of sub-group 1 whose write came back short and failed were read";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt) << e.what();
+  }
+  const Outcome one_step = run_direct(problem, 1);
+  swapper.read_sub_group(OptimizerState::kParams, 0, group.data());
+  EXPECT_EQ(std::memcmp(group.data(), one_step.params.data(), kSubGroup * 4), 0);
+  // Restored (as from a checkpoint), the next step gives the plain result.
+  swapper.initialize(problem.params.data());
+  swapper.write_grads(0, problem.grads[0].data(), kNumel);
+  (void)swapper.step(options_for(1));
+  std::vector<float> params(kNumel);
+  swapper.read_state(OptimizerState::kParams, params.data());
+  EXPECT_EQ(std::memcmp(params.data(), one_step.params.data(), kNumel * 4), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    PipeliningAndBackends, OptimizerSwapperFaults,
+    ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::ValuesIn(testing::all_backends())),
+    [](const ::testing::TestParamInfo<std::tuple<int, aio::BackendKind>>& param_info) {
+      std::string name = "mode";
+      name.append(std::to_string(std::get<0>(param_info.param)));
+      name.append("_");
+      name.append(aio::to_string(std::get<1>(param_info.param)));
+      return name;
+    });
 
 TEST(OptimizerSwapper, CorruptedExtentFailsTheStepNamingFileAndOffset) {
   const auto seed = static_cast<uint32_t>(test_seed());

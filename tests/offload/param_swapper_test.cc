@@ -219,13 +219,19 @@ TEST(ParamSwapper, RequestsThePoolCanNeverMeetFailAtOnce) {
   EXPECT_EQ(gather(swapper.swap_in(id_b)), b);
 }
 
-TEST(ParamSwapper, ReadFaultIsReportedAndTheNextSwapInRetries) {
+// Fault paths, on every aio backend (io_uring and libaio go O_DIRECT with bounce and
+// staging memory; psync does plain pread/pwrite): the faults are injected through a
+// FaultBackend wrapped around the backend under test.
+class ParamSwapperFaults : public ::testing::TestWithParam<aio::BackendKind> {};
+
+TEST_P(ParamSwapperFaults, ReadFaultIsReportedAndTheNextSwapInRetries) {
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
   TempDir dir;
   auto faults = std::make_shared<aio::FaultInjector>();
   NvmeStoreConfig sc = store_config(dir.path());
+  sc.aio.backend = GetParam();
   sc.backend_factory = aio::fault_backend_factory(faults);
   NvmeStore store(sc);
   ParamSwapperConfig config = small_config();
@@ -260,7 +266,7 @@ TEST(ParamSwapper, ReadFaultIsReportedAndTheNextSwapInRetries) {
 // An engine failure breaks the aio handle of the queue it struck for good: that queue must
 // not go back to the idle set, or every later transfer on it fails too. One worker per
 // handle, so the broken worker is the one every later transfer on that handle would use.
-TEST(ParamSwapper, EngineFailureDoesNotPoisonLaterTransfers) {
+TEST_P(ParamSwapperFaults, EngineFailureDoesNotPoisonLaterTransfers) {
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
@@ -268,6 +274,7 @@ TEST(ParamSwapper, EngineFailureDoesNotPoisonLaterTransfers) {
   auto faults = std::make_shared<aio::FaultInjector>();
   NvmeStoreConfig sc = store_config(dir.path());
   sc.aio.intra_op_parallelism = 1;
+  sc.aio.backend = GetParam();
   sc.backend_factory = aio::fault_backend_factory(faults);
   NvmeStore store(sc);
   ParamSwapperConfig config = small_config();
@@ -309,13 +316,14 @@ TEST(ParamSwapper, EngineFailureDoesNotPoisonLaterTransfers) {
   EXPECT_EQ(gather(swapper.swap_in(id_c)), c);
 }
 
-TEST(ParamSwapper, FailedWriteBackLeavesTheStoredPartitionUnreadableNotStale) {
+TEST_P(ParamSwapperFaults, FailedWriteBackLeavesTheStoredPartitionUnreadableNotStale) {
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
   TempDir dir;
   auto faults = std::make_shared<aio::FaultInjector>();
   NvmeStoreConfig sc = store_config(dir.path(), /*checksums=*/false);
+  sc.aio.backend = GetParam();
   sc.backend_factory = aio::fault_backend_factory(faults);
   NvmeStore store(sc);
   ParamSwapperConfig config = small_config();
@@ -340,13 +348,14 @@ TEST(ParamSwapper, FailedWriteBackLeavesTheStoredPartitionUnreadableNotStale) {
 // A swap_in after a failed write-back returns the complete old or the complete new values,
 // or throws: never a mix. Here the write of the second of three chunks of a resident
 // partition fails, after the first chunk (and its part of the view) took the new values.
-TEST(ParamSwapper, FailedWriteBackOfAResidentPartitionLeavesNoHalfUpdatedView) {
+TEST_P(ParamSwapperFaults, FailedWriteBackOfAResidentPartitionLeavesNoHalfUpdatedView) {
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
   TempDir dir;
   auto faults = std::make_shared<aio::FaultInjector>();
   NvmeStoreConfig sc = store_config(dir.path());
+  sc.aio.backend = GetParam();
   sc.backend_factory = aio::fault_backend_factory(faults);
   NvmeStore store(sc);
   ParamSwapperConfig config = small_config();
@@ -391,13 +400,14 @@ TEST(ParamSwapper, FailedWriteBackOfAResidentPartitionLeavesNoHalfUpdatedView) {
 // others old ones: with checksums, a range write-back read-modify-writes each chunk it
 // touches, and the read of the second chunk fails after the first was rewritten. The store
 // cannot see the mix (both extents are valid); the swapper must.
-TEST(ParamSwapper, FailedRangeWriteBackAcrossChunksLeavesNoMix) {
+TEST_P(ParamSwapperFaults, FailedRangeWriteBackAcrossChunksLeavesNoMix) {
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
   TempDir dir;
   auto faults = std::make_shared<aio::FaultInjector>();
   NvmeStoreConfig sc = store_config(dir.path(), /*checksums=*/true);
+  sc.aio.backend = GetParam();
   sc.backend_factory = aio::fault_backend_factory(faults);
   NvmeStore store(sc);
   ParamSwapperConfig config = small_config();
@@ -433,10 +443,11 @@ TEST(ParamSwapper, FailedRangeWriteBackAcrossChunksLeavesNoMix) {
   EXPECT_EQ(gather(swapper.swap_in(id)), new_values);
 }
 
-TEST(ParamSwapper, FailedAddLeavesNoExtentBehind) {
+TEST_P(ParamSwapperFaults, FailedAddLeavesNoExtentBehind) {
   TempDir dir;
   auto faults = std::make_shared<aio::FaultInjector>();
   NvmeStoreConfig sc = store_config(dir.path());
+  sc.aio.backend = GetParam();
   sc.backend_factory = aio::fault_backend_factory(faults);
   NvmeStore store(sc);
   ParamSwapperConfig config = small_config();
@@ -449,6 +460,75 @@ TEST(ParamSwapper, FailedAddLeavesNoExtentBehind) {
   EXPECT_EQ(id, 0u);
   EXPECT_EQ(store.stats().file_bytes, 3u * 4096u);
   EXPECT_EQ(gather(swapper.swap_in(id)), v);
+}
+
+// Injected partial writes followed by an error: a chunk's write comes back short, and the
+// write of its remainder fails. The swapper reports a clean error and never returns the
+// half-written chunk: not from a write-back of a resident partition, not from an add().
+TEST_P(ParamSwapperFaults, ShortWriteThenErrorIsReportedAndNeverRead) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  TempDir dir;
+  auto faults = std::make_shared<aio::FaultInjector>();
+  NvmeStoreConfig sc = store_config(dir.path());
+  sc.aio.intra_op_parallelism = 1;  // one request per aligned run: the short one is predictable
+  sc.aio.backend = GetParam();
+  sc.backend_factory = aio::fault_backend_factory(faults);
+  NvmeStore store(sc);
+  ParamSwapperConfig config = small_config();
+  config.buffer_size = 6000;  // 12000-byte chunks in 12288-byte extents
+  config.max_in_cpu = 0;
+  ParamSwapper swapper(config, store);
+  // A write of the chunk at `extent` is cut to 4096 bytes; its remainder (at extent + 4096)
+  // then fails with EIO.
+  auto short_then_error = [&](uint64_t extent) {
+    faults->clear();
+    faults->add(aio::FaultRule{.op = aio::Op::kWrite,
+                               .offset_begin = extent,
+                               .offset_end = extent + 1,
+                               .kind = aio::FaultKind::kShort,
+                               .short_bytes = 4096});
+    faults->add(aio::FaultRule{.op = aio::Op::kWrite,
+                               .offset_begin = extent + 4096,
+                               .offset_end = extent + 4097,
+                               .kind = aio::FaultKind::kError,
+                               .error = EIO});
+  };
+  auto expect_both_fired = [&] {
+    EXPECT_EQ(faults->fired(0), 1u) << "no short write";
+    EXPECT_EQ(faults->fired(1), 1u) << "no error on the continuation";
+  };
+  const std::vector<uint16_t> old_values = random_half(rng, 12000);  // 2 chunks
+  const std::vector<uint16_t> new_values = random_half(rng, 12000);
+  const ParamId id = swapper.add(old_values.size(), old_values.data());
+  EXPECT_EQ(gather(swapper.swap_in(id)), old_values);  // resident
+  short_then_error(12288);                             // the second chunk
+  try {
+    swapper.write_back(id, new_values.data());
+    FAIL() << "a short write followed by EIO was not reported";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo) << e.what();
+    EXPECT_NE(std::string(e.what()).find(store.path()), std::string::npos) << e.what();
+  }
+  expect_both_fired();
+  EXPECT_THROW((void)swapper.swap_in(id), OffloadError);
+  std::vector<uint16_t> direct(12000);
+  EXPECT_THROW(swapper.read(id, direct.data()), OffloadError);
+  // An add() whose second chunk is written short, then fails: no partition, no extent.
+  const uint64_t file_bytes = store.stats().file_bytes;
+  const std::vector<uint16_t> other = random_half(rng, 7000);  // 12000 + 2000 bytes
+  short_then_error(file_bytes);                                // the first chunk of `other`
+  EXPECT_THROW((void)swapper.add(other.size(), other.data()), OffloadError);
+  expect_both_fired();
+  faults->clear();
+  const ParamId other_id = swapper.add(other.size(), other.data());
+  EXPECT_EQ(other_id, id + 1);
+  EXPECT_EQ(store.stats().file_bytes, file_bytes + 12288 + 4096);
+  EXPECT_EQ(gather(swapper.swap_in(other_id)), other);
+  // Written whole again, the first partition is readable.
+  swapper.write_back(id, new_values.data());
+  EXPECT_EQ(gather(swapper.swap_in(id)), new_values);
 }
 
 // A swap_in of a partition whose reads are done must not wait for another partition's
@@ -550,6 +630,9 @@ TEST(ParamSwapper, OutOfSpaceOnFirstWrite) {
     EXPECT_EQ(e.kind(), ErrorKind::kSpace) << e.what();
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, ParamSwapperFaults, ::testing::ValuesIn(testing::all_backends()),
+                         testing::backend_param_name);
 
 }  // namespace
 }  // namespace zinf::offload

@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "aio/config.h"
 #include "offload/accelerator.h"
 #include "offload/error.h"
 #include "offload/nvme_store.h"
@@ -41,6 +42,17 @@ inline std::vector<float> random_floats(std::mt19937& rng, size_t numel, float s
     x = normal(rng);
   }
   return data;
+}
+
+// The aio backends every fault-path suite runs on.
+inline const std::vector<aio::BackendKind>& all_backends() {
+  static const std::vector<aio::BackendKind> kinds = {
+      aio::BackendKind::kIoUring, aio::BackendKind::kLibaio, aio::BackendKind::kPsync};
+  return kinds;
+}
+
+inline std::string backend_param_name(const ::testing::TestParamInfo<aio::BackendKind>& info) {
+  return std::string(aio::to_string(info.param));
 }
 
 // Whether /dev/shm is a usable tmpfs for the buffered-fallback tests.
