@@ -1,5 +1,7 @@
 #include "offload/optimizer_swapper.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -76,42 +78,74 @@ OptimizerSwapper::OptimizerSwapper(const OptimizerSwapperConfig& config,
   const size_t sets = config_.device == OffloadDevice::kNvme
                           ? 1 + (config_.pipeline_read ? 1 : 0) + (config_.pipeline_write ? 1 : 0)
                           : 1;
-  if (config_.device == OffloadDevice::kNvme) {
-    if (config_.buffer_count < kinds_.size()) {
-      throw OffloadError(
-          ErrorKind::kConfig,
-          "offload_optimizer.buffer_count is " + std::to_string(config_.buffer_count) + " but " +
-              std::string(optimizer.name()) + " needs " + std::to_string(kinds_.size()) +
-              " buffers per sub-group (params, grads and its states)");
-    }
-    for (SubGroup& sg : sub_groups_) {
-      for (OptimizerState kind : kinds_) {
-        sg.extents.push_back(store_->allocate(sg.numel * element_bytes(kind)));
-      }
-    }
-    store_->reserve();  // fail now, with the numbers, rather than at the first write
-    state_pool_ = std::make_unique<PinnedBufferPool>(sets * kinds_.size(), group * 4, accelerator,
-                                                     "optimizer state pool");
-    const std::vector<std::pair<void*, size_t>> ranges = state_pool_->ranges();
-    bool register_pool = true;  // stop asking once a handle refused (one warning, not one per set)
-    for (size_t s = 0; s < sets; ++s) {
-      auto set = std::make_unique<BufferSet>();
-      set->queue = store_->make_queue();
-      if (register_pool) {
-        register_pool = set->queue->register_buffers(ranges);
-      }
-      sets_.push_back(std::move(set));
-    }
-  } else {
-    for (OptimizerState kind : kinds_) {
-      memory_.emplace_back(config_.numel * element_bytes(kind));
-    }
-    sets_.push_back(std::make_unique<BufferSet>());
+  if (config_.device == OffloadDevice::kNvme && config_.buffer_count < kinds_.size()) {
+    throw OffloadError(ErrorKind::kConfig,
+                       "offload_optimizer.buffer_count is " + std::to_string(config_.buffer_count) +
+                           " but " + std::string(optimizer.name()) + " needs " +
+                           std::to_string(kinds_.size()) +
+                           " buffers per sub-group (params, grads and its states)");
   }
-  copy_pool_ = std::make_unique<PinnedBufferPool>(sets, group * 2, accelerator, "param copy pool");
+  // No destructor runs for a throwing constructor: give back every extent taken so far.
+  try {
+    if (config_.device == OffloadDevice::kNvme) {
+      for (SubGroup& sg : sub_groups_) {
+        sg.extents.reserve(kinds_.size());  // push_back below cannot throw: no id is lost
+        for (OptimizerState kind : kinds_) {
+          sg.extents.push_back(store_->allocate(sg.numel * element_bytes(kind)));
+        }
+      }
+      store_->reserve();  // fail now, with the numbers, rather than at the first write
+      state_pool_ = std::make_unique<PinnedBufferPool>(sets * kinds_.size(), group * 4, accelerator,
+                                                       "optimizer state pool");
+      for (size_t s = 0; s < sets; ++s) {
+        auto set = std::make_unique<BufferSet>();
+        set->queue = make_queue();
+        sets_.push_back(std::move(set));
+      }
+    } else {
+      for (OptimizerState kind : kinds_) {
+        memory_.emplace_back(config_.numel * element_bytes(kind));
+      }
+      sets_.push_back(std::make_unique<BufferSet>());
+    }
+    copy_pool_ =
+        std::make_unique<PinnedBufferPool>(sets, group * 2, accelerator, "param copy pool");
+  } catch (...) {
+    free_extents();
+    throw;
+  }
 }
 
-OptimizerSwapper::~OptimizerSwapper() = default;
+OptimizerSwapper::~OptimizerSwapper() { free_extents(); }
+
+void OptimizerSwapper::free_extents() noexcept {
+  sets_.clear();  // their queues drain whatever is still in flight first
+  if (store_ == nullptr) {
+    return;
+  }
+  for (SubGroup& sg : sub_groups_) {
+    for (ExtentId extent : sg.extents) {
+      try {
+        store_->free(extent);
+      } catch (const std::exception& e) {
+        // Only an extent with a write in flight can refuse, and the queues have drained;
+        // the space is lost to this store until it is destroyed, nothing worse.
+        spdlog::warn("zinf offload: optimizer swapper could not return a swap extent: {}",
+                     e.what());
+      }
+    }
+    sg.extents.clear();
+  }
+}
+
+std::unique_ptr<NvmeStore::Queue> OptimizerSwapper::make_queue() {
+  std::unique_ptr<NvmeStore::Queue> queue = store_->make_queue();
+  if (register_pool_) {
+    const std::vector<std::pair<void*, size_t>> ranges = state_pool_->ranges();
+    register_pool_ = queue->register_buffers(ranges);
+  }
+  return queue;
+}
 
 size_t OptimizerSwapper::kind_index(OptimizerState state) const {
   for (size_t i = 0; i < kinds_.size(); ++i) {
@@ -214,8 +248,7 @@ void* OptimizerSwapper::memory(OptimizerState state) {
   return store_ == nullptr ? memory_[kind_index(state)].data() : nullptr;
 }
 
-void OptimizerSwapper::write_sub_group(OptimizerState state, size_t sub_group,
-                                       const void* data) {
+void OptimizerSwapper::write_sub_group(OptimizerState state, size_t sub_group, const void* data) {
   const auto [offset, numel] = sub_group_range(sub_group);
   const size_t k = kind_index(state);
   const size_t bytes = element_bytes(state);
@@ -329,7 +362,7 @@ void OptimizerSwapper::step_in_memory(const OptimizerStepOptions& options,
       arrays[k] = memory_[k].data() + sg.offset * element_bytes(kinds_[k]);
       touched += sg.numel * element_bytes(kinds_[k]);
     }
-    void* copy_ptr = !options.copy_params                       ? nullptr
+    void* copy_ptr = !options.copy_params                          ? nullptr
                      : config_.param_copy_dtype == DType::kFloat32 ? arrays[0]
                                                                    : copy.data();
     report.nonfinite_grads += run_optimizer(sg, arrays.data(), copy_ptr, options);
@@ -347,6 +380,11 @@ void OptimizerSwapper::step_nvme(const OptimizerStepOptions& options, const Para
   const size_t set_count = sets_.size();
   const size_t n = sub_groups_.size();
   const size_t grads = kind_index(OptimizerState::kGrads);
+  for (auto& set : sets_) {
+    if (set->queue == nullptr) {  // closed after a failed step
+      set->queue = make_queue();
+    }
+  }
   for (auto& set : sets_) {
     set->states = state_pool_->acquire(kinds_.size());
     set->copy = copy_pool_->acquire();
@@ -382,7 +420,7 @@ void OptimizerSwapper::step_nvme(const OptimizerStepOptions& options, const Para
       for (size_t k = 0; k < kinds_.size(); ++k) {
         arrays[k] = set.states[k].data();
       }
-      void* copy_ptr = !options.copy_params                       ? nullptr
+      void* copy_ptr = !options.copy_params                          ? nullptr
                        : config_.param_copy_dtype == DType::kFloat32 ? arrays[0]
                                                                      : set.copy.data();
       report.nonfinite_grads += run_optimizer(sg, arrays.data(), copy_ptr, options);
@@ -409,11 +447,14 @@ void OptimizerSwapper::step_nvme(const OptimizerStepOptions& options, const Para
     }
   } catch (...) {
     // Let every transfer end before the buffers go back to the pool; report the first error.
+    // Then close the queues: one that saw an error may hold a broken aio handle (an engine
+    // failure fails all its later transfers), so the next step makes fresh ones.
     for (auto& set : sets_) {
       try {
         set->queue->wait();
       } catch (...) {
       }
+      set->queue.reset();
     }
     for (auto& set : sets_) {
       set->states.clear();

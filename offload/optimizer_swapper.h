@@ -22,7 +22,9 @@
 //
 // Failure: any I/O error or corrupt extent throws OffloadError out of step() after every
 // in-flight transfer has ended. Sub-groups before the failing one have been updated on
-// disk; the step as a whole must be treated as failed (restore from a checkpoint).
+// disk; the step as a whole must be treated as failed (restore from a checkpoint). The
+// step's I/O queues are closed then (a queue that saw an error may hold a broken aio
+// handle) and the next step makes fresh ones.
 //
 // Thread safety: calls on one OptimizerSwapper must not overlap (one driving thread); the
 // I/O it issues runs on aio's workers and the optimizer on TBB's. counters() may be called
@@ -85,9 +87,11 @@ class OptimizerSwapper {
   // `optimizer` must outlive the swapper. `store` is required for device kNvme (and must
   // outlive the swapper), ignored for kCpu. `accelerator`, when given, gets the pinned
   // buffers registered. Allocates the extents and checks free space for them at once
-  // (OffloadError kSpace), and the pools (kConfig if buffer_count is too small).
+  // (OffloadError kSpace), and the pools (kConfig if buffer_count is too small). A
+  // constructor that throws gives back every extent it allocated.
   OptimizerSwapper(const OptimizerSwapperConfig& config, optimizer_cpu::Optimizer& optimizer,
                    NvmeStore* store, Accelerator* accelerator = nullptr);
+  // Waits for transfers in flight, then returns every extent to the store.
   ~OptimizerSwapper();
 
   OptimizerSwapper(const OptimizerSwapper&) = delete;
@@ -145,6 +149,11 @@ class OptimizerSwapper {
                  OptimizerStepReport& report);
   uint64_t run_optimizer(const SubGroup& group, void* const* arrays, void* param_copy,
                          const OptimizerStepOptions& options);
+  // Closes the sets' queues (draining them), then frees every extent of the sub-groups.
+  void free_extents() noexcept;
+  // A new I/O queue for a buffer set, with state_pool_'s buffers registered (until one
+  // handle refuses them).
+  std::unique_ptr<NvmeStore::Queue> make_queue();
 
   const OptimizerSwapperConfig config_;
   optimizer_cpu::Optimizer& optimizer_;
@@ -154,7 +163,9 @@ class OptimizerSwapper {
   std::vector<std::vector<std::byte>> memory_;  // device kCpu: one array per kind
   std::unique_ptr<PinnedBufferPool> state_pool_;
   std::unique_ptr<PinnedBufferPool> copy_pool_;
+  bool register_pool_ = true;  // false once a handle refused the pool (one warning in all)
   // After the pools: the sets' queues, which have state_pool_'s buffers registered, go first.
+  // A set's queue is null after a failed step closed it; the next step makes a fresh one.
   std::vector<std::unique_ptr<BufferSet>> sets_;
   Counters counters_;
 };

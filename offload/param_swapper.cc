@@ -1,5 +1,7 @@
 #include "offload/param_swapper.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cstring>
 #include <exception>
@@ -24,8 +26,24 @@ ParamSwapper::ParamSwapper(const ParamSwapperConfig& config, NvmeStore& store,
                                              accelerator, "param pool (offload_param)");
 }
 
-// Each partition's queue drains its reads before its buffers go (see Partition).
-ParamSwapper::~ParamSwapper() = default;
+// Every extent goes back to the store, each once no read of it is in flight: a partition's
+// queue drains its reads (its destructor waits) before its buffers and extents go.
+ParamSwapper::~ParamSwapper() {
+  for (Partition& p : partitions_) {
+    p.reads.reset();
+    p.buffers.clear();
+    for (ExtentId extent : p.chunks) {
+      try {
+        store_.free(extent);
+      } catch (const std::exception& e) {
+        // Only an extent with a write in flight can refuse, and every write here is waited
+        // for; the space is lost to this store until it is destroyed, nothing worse.
+        spdlog::warn("zinf offload: param swapper could not return a swap extent: {}", e.what());
+      }
+    }
+    p.chunks.clear();
+  }
+}
 
 ParamSwapper::Partition& ParamSwapper::get(ParamId id) {
   if (id >= partitions_.size()) {
@@ -63,6 +81,8 @@ void ParamSwapper::return_queue(QueuePtr queue) noexcept {
   if (queue == nullptr || queue->pending() != 0) {
     return;  // not drained: let its destructor wait rather than reuse it
   }
+  // Only queues whose last wait() succeeded come here: one that saw an error may hold a
+  // broken aio handle (an engine failure fails all its later transfers) and is destroyed.
   try {
     idle_queues_.push_back(std::move(queue));
   } catch (...) {
@@ -98,7 +118,8 @@ ParamId ParamSwapper::add(uint64_t numel, const void* initial) {
     }
     {
       ScopedTime time(counters_, Counters::Clock::kIoWait);
-      queue->wait();  // on failure `queue` is drained too: its destructor has nothing to do
+      // On failure `queue` is drained too, and closed (not reused) as it goes out of scope.
+      queue->wait();
     }
     return_queue(std::move(queue));
     partitions_.push_back(std::move(p));
@@ -134,14 +155,15 @@ void ParamSwapper::queue_reads(Partition& p) {
     }
   } catch (...) {
     // Chunks queued before the failure may still land in the buffers: drain, then drop
-    // them, so the partition is not left "resident" with contents nobody read.
+    // them, so the partition is not left "resident" with contents nobody read. The queue
+    // saw an error: it is closed, not reused.
     if (queue != nullptr) {
       try {
         queue->wait();
       } catch (...) {
         // Their contents are discarded with the buffers anyway.
       }
-      return_queue(std::move(queue));
+      queue.reset();
     }
     p.buffers.clear();
     throw;
@@ -157,8 +179,9 @@ void ParamSwapper::wait_reads(Partition& p) {
     ScopedTime time(counters_, Counters::Clock::kIoWait);
     p.reads->wait();
   } catch (...) {
-    // What the buffers hold is unknown: drop them, so a later swap_in reads again.
-    return_queue(std::move(p.reads));
+    // What the buffers hold is unknown: drop them, so a later swap_in reads again. The
+    // queue (drained by its wait) may have a broken handle: closed, never reused.
+    p.reads.reset();
     p.buffers.clear();
     throw;
   }
@@ -173,8 +196,8 @@ size_t ParamSwapper::prefetch(std::span<const ParamId> ids) {
     if (p.cpu != nullptr || !p.buffers.empty()) {
       continue;  // resident or already on its way
     }
-    if (p.chunks.size() > pool_->buffer_count()) {
-      break;  // could never be swapped in; swap_in reports it
+    if (p.chunks.size() > pool_->buffer_count() || p.torn) {
+      break;  // could never be swapped in (or is torn); swap_in reports it
     }
     std::vector<PinnedBufferPool::Lease> buffers = pool_->try_acquire(p.chunks.size());
     if (buffers.empty()) {
@@ -197,6 +220,7 @@ ParamView ParamSwapper::swap_in(ParamId id) {
     counters_.add_cpu_read(p.numel * config_.element_bytes);
     return view;
   }
+  check_not_torn(id, p);
   if (p.buffers.empty()) {
     if (p.chunks.size() > pool_->buffer_count()) {
       throw OffloadError(ErrorKind::kPool,
@@ -254,20 +278,46 @@ void ParamSwapper::write_back_range(ParamId id, uint64_t offset, const void* dat
     // swap_in reads the stored values (reporting the error again if it persists).
   }
   const uint64_t end = offset + numel;
-  for (size_t c = 0; c < p.chunks.size(); ++c) {
-    const uint64_t chunk_begin = c * config_.buffer_size;
-    const uint64_t begin = std::max(offset, chunk_begin);
-    const uint64_t stop = std::min(end, chunk_begin + chunk_numel(p, c));
-    if (begin >= stop) {
-      continue;
+  size_t chunks_written = 0;
+  try {
+    for (size_t c = 0; c < p.chunks.size(); ++c) {
+      const uint64_t chunk_begin = c * config_.buffer_size;
+      const uint64_t begin = std::max(offset, chunk_begin);
+      const uint64_t stop = std::min(end, chunk_begin + chunk_numel(p, c));
+      if (begin >= stop) {
+        continue;
+      }
+      const std::byte* part = src + (begin - offset) * eb;
+      store_.write_range(p.chunks[c], (begin - chunk_begin) * eb, part, (stop - begin) * eb);
+      ++chunks_written;
+      if (!p.buffers.empty()) {  // keep a resident view in step with the stored values
+        std::memcpy(p.buffers[c].data() + (begin - chunk_begin) * eb, part, (stop - begin) * eb);
+      }
     }
-    const std::byte* part = src + (begin - offset) * eb;
-    store_.write_range(p.chunks[c], (begin - chunk_begin) * eb, part, (stop - begin) * eb);
-    if (!p.buffers.empty()) {  // keep a resident view in step with the stored values
-      std::memcpy(p.buffers[c].data() + (begin - chunk_begin) * eb, part, (stop - begin) * eb);
+  } catch (...) {
+    // The view holds new values in the chunks written so far and old ones after: drop it.
+    // If some chunk already took new values, the stored partition mixes old and new (each
+    // extent may be valid, so the store cannot tell): refuse it until it is whole again.
+    p.buffers.clear();
+    if (chunks_written > 0) {
+      p.torn = true;
     }
+    throw;
+  }
+  if (offset == 0 && numel == p.numel) {
+    p.torn = false;  // every value was written anew
   }
   counters_.add_nvme_written(numel * eb);
+}
+
+void ParamSwapper::check_not_torn(ParamId id, const Partition& p) const {
+  if (p.torn) {
+    throw OffloadError(ErrorKind::kCorrupt,
+                       "param partition " + std::to_string(id) + " of " + std::to_string(p.numel) +
+                           " elements in swap file " + store_.path() +
+                           " is torn: a write_back of it failed after part of the new values "
+                           "was stored; write_back the whole partition to use it again");
+  }
 }
 
 void ParamSwapper::read(ParamId id, void* dst) {
@@ -279,6 +329,7 @@ void ParamSwapper::read(ParamId id, void* dst) {
     counters_.add_cpu_read(p.numel * eb);
     return;
   }
+  check_not_torn(id, p);
   // No need to wait for reads in flight into the pool buffers: both only read the extents.
   for (size_t c = 0; c < p.chunks.size(); ++c) {
     store_.read(p.chunks[c], out + c * config_.buffer_size * eb);

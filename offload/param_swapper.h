@@ -22,9 +22,18 @@
 // (after the optimizer step) in CPU memory or on NVMe, and refreshes a resident view.
 //
 // Errors: a failed or corrupt read is thrown by the swap_in() that waits for it, and the
-// partition is then not resident (its buffers went back): the next swap_in() reads again.
+// partition is then not resident (its buffers went back): the next swap_in() reads again,
+// on a fresh I/O queue (a queue that saw an error, e.g. an aio engine failure, is closed).
 // release() discards a partition's data, so it waits for its reads but does not report
 // their errors. A failed add() leaves no partition and no extent behind.
+//
+// A failed write_back() or write_back_range() never leaves a mix of old and new values to
+// be read: the resident view (if any) is dropped, and a partition whose new values were
+// stored in some chunks but not in others is torn: swap_in() and read() throw
+// OffloadError(kCorrupt) for it (prefetch() skips it) until a write_back() of the whole
+// partition succeeds. A failure before any chunk took new values leaves the old ones
+// readable (or, if a chunk's write failed part-way, that chunk is torn in the store, which
+// reports kCorrupt likewise). So swap_in() returns all old values, all new, or throws.
 //
 // Pinned memory: buffer_count x buffer_size x element_bytes, fixed at construction. I/O
 // threads: intra_op_parallelism per queue, at most buffer_count + 1 queues. Every queue the
@@ -74,9 +83,11 @@ struct ParamView {
 class ParamSwapper {
  public:
   // `store` must outlive the swapper; `accelerator` (optional) gets the pool registered.
-  // Throws OffloadError(kConfig) for a zero buffer_count, buffer_size or element size.
+  // Throws OffloadError(kConfig) for a zero buffer_count, buffer_size or element size. Takes
+  // no extents (add() does), so a throwing constructor leaves the store as it was.
   ParamSwapper(const ParamSwapperConfig& config, NvmeStore& store,
                Accelerator* accelerator = nullptr);
+  // Waits for the reads in flight, then returns every extent to the store.
   ~ParamSwapper();
 
   ParamSwapper(const ParamSwapper&) = delete;
@@ -103,7 +114,8 @@ class ParamSwapper {
   // Gives the partition's buffers back, discarding their contents (no write-back).
   void release(ParamId id);
 
-  // Stores new values of the whole partition, or of `numel` elements at `offset`.
+  // Stores new values of the whole partition, or of `numel` elements at `offset`, and
+  // refreshes a resident view. On failure see "A failed write_back()" above.
   void write_back(ParamId id, const void* data);
   void write_back_range(ParamId id, uint64_t offset, const void* data, uint64_t numel);
 
@@ -126,18 +138,25 @@ class ParamSwapper {
     // The queue its reads are in flight on (null when none). After `buffers`: destroyed
     // first, and its destructor drains the reads before the buffers go back to the pool.
     QueuePtr reads;
+    // A write-back failed after some chunks took new values: the stored chunks mix old and
+    // new. Cleared by a successful write-back of the whole partition.
+    bool torn = false;
   };
 
   Partition& get(ParamId id);
   const Partition& get(ParamId id) const;
   uint64_t chunk_numel(const Partition& p, size_t chunk) const;
-  // An idle queue (made when none is), and back to the idle set once drained.
+  // An idle queue (made when none is), and back to the idle set once drained. Only a queue
+  // whose transfers all succeeded goes back: one that saw an error is destroyed, so a broken
+  // aio handle (engine failure) never serves a later transfer.
   QueuePtr take_queue();
   void return_queue(QueuePtr queue) noexcept;
   // Queues the reads of every chunk of `p` into its buffers on a queue of its own.
   void queue_reads(Partition& p);
   // Waits for `p`'s reads (and nothing else). On failure drops its buffers and throws.
   void wait_reads(Partition& p);
+  // Throws OffloadError(kCorrupt) when partition `id` is torn (see Partition::torn).
+  void check_not_torn(ParamId id, const Partition& p) const;
 
   const ParamSwapperConfig config_;
   NvmeStore& store_;

@@ -10,10 +10,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "aio/fault_backend.h"
@@ -308,16 +310,118 @@ TEST(OptimizerSwapper, OutOfSpaceIsReportedBeforeAnyWork) {
   }
 }
 
-class OptimizerSwapperFaults : public ::testing::TestWithParam<int> {};
+// A swapper gives its extents back when it is destroyed, so swappers made one after another
+// on one store reuse the same space: the swap file does not grow with every one.
+TEST(OptimizerSwapper, DestroyedSwapperReturnsItsExtents) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  const Problem problem(seed);
+  TempDir dir;
+  NvmeStore store(store_config(dir.path(), true));
+  std::vector<NvmeStoreStats> after;
+  std::vector<uint64_t> file_sizes;
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    {
+      AdamOptimizer adam(adam_config());
+      OptimizerSwapperConfig config;
+      config.numel = kNumel;
+      config.sub_group_size = kSubGroup;
+      config.pipeline_read = config.pipeline_write = true;
+      OptimizerSwapper swapper(config, adam, &store);
+      swapper.initialize(problem.params.data());
+      swapper.write_grads(0, problem.grads[0].data(), kNumel);
+      (void)swapper.step(options_for(1));
+    }
+    after.push_back(store.stats());
+    file_sizes.push_back(std::filesystem::file_size(store.path()));
+    uint64_t probe_offset = 0;
+    EXPECT_TRUE(testing::holds_no_extent(store, &probe_offset));
+    EXPECT_EQ(probe_offset, 0u);
+  }
+  // 4 arrays x (3 sub-groups of 12288 bytes + one of 4096) in the file.
+  EXPECT_EQ(after[0].file_bytes, 4u * (3u * 12288u + 4096u));
+  for (size_t round = 1; round < after.size(); ++round) {
+    EXPECT_EQ(after[round].file_bytes, after[0].file_bytes) << "round " << round;
+    EXPECT_EQ(after[round].reserved_bytes, after[0].reserved_bytes) << "round " << round;
+    EXPECT_EQ(file_sizes[round], file_sizes[0]) << "round " << round;
+  }
+}
+
+// A constructor that fails after it allocated its extents gives them back: failures injected
+// at the first host registration (the state pool, after the space check) and at the last
+// (the copy pool, after the I/O queues were made). A working swapper made next on the same
+// store takes exactly the space of one.
+class OptimizerSwapperFailedConstruction : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(OptimizerSwapperFailedConstruction, LeavesTheStoreAsItWas) {
+  const uint64_t fail_at = GetParam();
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  const Problem problem(seed);
+  TempDir dir;
+  NvmeStore store(store_config(dir.path(), true));
+  AdamOptimizer adam(adam_config());
+  OptimizerSwapperConfig config;
+  config.numel = kNumel;
+  config.sub_group_size = kSubGroup;
+  config.pipeline_read = true;  // 2 sets: 8 state buffers, then 2 copy buffers registered
+  {
+    testing::RefusingAccelerator accelerator(fail_at);
+    try {
+      OptimizerSwapper swapper(config, adam, &store, &accelerator);
+      FAIL() << "registration " << fail_at << " refused, yet the swapper was made";
+    } catch (const OffloadError& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kDevice) << e.what();
+    }
+    EXPECT_EQ(accelerator.calls(), fail_at);
+    EXPECT_EQ(accelerator.registered_host_bytes(), 0u);
+  }
+  uint64_t probe_offset = 0;
+  EXPECT_TRUE(testing::holds_no_extent(store, &probe_offset));
+  EXPECT_EQ(probe_offset, 0u);
+  OptimizerSwapper swapper(config, adam, &store);
+  swapper.initialize(problem.params.data());
+  swapper.write_grads(0, problem.grads[0].data(), kNumel);
+  (void)swapper.step(options_for(1));
+  EXPECT_EQ(store.stats().file_bytes, 4u * (3u * 12288u + 4096u));
+  std::vector<float> params(kNumel);
+  swapper.read_state(OptimizerState::kParams, params.data());
+  EXPECT_EQ(std::memcmp(params.data(), run_direct(problem, 1).params.data(), kNumel * 4), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(InjectedRegistrationFailure, OptimizerSwapperFailedConstruction,
+                         ::testing::Values(uint64_t{1}, uint64_t{10}));
+
+// Out of space: the constructor's space check fails after every extent was allocated; they
+// are all given back (the store's end of file is the store's business: see NvmeStore).
+TEST(OptimizerSwapper, OutOfSpaceConstructionGivesItsExtentsBack) {
+  TempDir dir;
+  NvmeStore store(store_config(dir.path(), false));
+  AdamOptimizer adam(adam_config());
+  OptimizerSwapperConfig config;
+  config.numel = uint64_t{1} << 42;           // 64 TiB of states
+  config.sub_group_size = uint64_t{1} << 34;  // 256 sub-groups, 1024 extents
+  EXPECT_THROW(OptimizerSwapper(config, adam, &store), OffloadError);
+  uint64_t probe_offset = 0;
+  EXPECT_TRUE(testing::holds_no_extent(store, &probe_offset));
+  EXPECT_EQ(probe_offset, 0u);
+}
+
+// Fault paths, in every pipelining mode (0-3: pipeline_read | pipeline_write << 1) and on
+// every aio backend, the faults injected through a FaultBackend wrapped around it.
+class OptimizerSwapperFaults : public ::testing::TestWithParam<std::tuple<int, aio::BackendKind>> {
+};
 
 TEST_P(OptimizerSwapperFaults, ReadFaultMidStepIsReportedNotApplied) {
-  const int mode = GetParam();
+  const int mode = std::get<0>(GetParam());
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   const Problem problem(seed);
   TempDir dir;
   auto faults = std::make_shared<aio::FaultInjector>();
   NvmeStoreConfig sc = store_config(dir.path(), false);
+  sc.aio.backend = std::get<1>(GetParam());
   sc.backend_factory = aio::fault_backend_factory(faults);
   NvmeStore store(sc);
   AdamOptimizer adam(adam_config());
@@ -386,7 +490,137 @@ TEST_P(OptimizerSwapperFaults, ReadFaultMidStepIsReportedNotApplied) {
   EXPECT_GE(torn, 1) << "a failed write left no torn extent behind";
 }
 
-INSTANTIATE_TEST_SUITE_P(Pipelining, OptimizerSwapperFaults, ::testing::Values(0, 1, 2, 3));
+// An engine failure breaks the aio handle of the set's queue it struck for good: the next
+// step must run on a fresh queue, with the same result as a step that never saw a fault.
+// One worker per handle, so the broken worker is the one every later transfer would use.
+TEST_P(OptimizerSwapperFaults, EngineFailureDoesNotPoisonLaterSteps) {
+  const int mode = std::get<0>(GetParam());
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  const Problem problem(seed);
+  TempDir dir;
+  auto faults = std::make_shared<aio::FaultInjector>();
+  NvmeStoreConfig sc = store_config(dir.path(), true);
+  sc.aio.intra_op_parallelism = 1;
+  sc.aio.backend = std::get<1>(GetParam());
+  sc.backend_factory = aio::fault_backend_factory(faults);
+  NvmeStore store(sc);
+  AdamOptimizer adam(adam_config());
+  OptimizerSwapperConfig config;
+  config.numel = kNumel;
+  config.sub_group_size = kSubGroup;
+  config.pipeline_read = (mode & 1) != 0;
+  config.pipeline_write = (mode & 2) != 0;
+  OptimizerSwapper swapper(config, adam, &store);
+  swapper.initialize(problem.params.data());
+  swapper.write_grads(0, problem.grads[0].data(), kNumel);
+  // Break the engine on a read of the second sub-group's states (4 arrays of 12288 bytes
+  // in the file per sub-group, allocated in order).
+  constexpr uint64_t kGroupFileBytes = 4 * 12288;
+  faults->add(aio::FaultRule{.op = aio::Op::kRead,
+                             .offset_begin = kGroupFileBytes,
+                             .offset_end = 2 * kGroupFileBytes,
+                             .kind = aio::FaultKind::kEngine,
+                             .error = EBADF});
+  try {
+    (void)swapper.step(options_for(1));
+    FAIL() << "the broken engine was not reported";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo) << e.what();
+    const std::string message = e.what();
+    EXPECT_NE(message.find(store.path()), std::string::npos) << message;
+    EXPECT_NE(message.find("at offset "), std::string::npos) << message;
+    EXPECT_NE(message.find("engine failed"), std::string::npos) << message;
+  }
+  EXPECT_EQ(faults->fired(0), 1u);
+  // Restore the states (as from a checkpoint) and step again: every set's queue works.
+  swapper.initialize(problem.params.data());
+  swapper.write_grads(0, problem.grads[0].data(), kNumel);
+  (void)swapper.step(options_for(1));
+  const Outcome one_step = run_direct(problem, 1);
+  std::vector<float> params(kNumel), exp_avg(kNumel), exp_avg_sq(kNumel);
+  swapper.read_state(OptimizerState::kParams, params.data());
+  swapper.read_state(OptimizerState::kExpAvg, exp_avg.data());
+  swapper.read_state(OptimizerState::kExpAvgSq, exp_avg_sq.data());
+  EXPECT_EQ(std::memcmp(params.data(), one_step.params.data(), kNumel * 4), 0);
+  EXPECT_EQ(std::memcmp(exp_avg.data(), one_step.exp_avg.data(), kNumel * 4), 0);
+  EXPECT_EQ(std::memcmp(exp_avg_sq.data(), one_step.exp_avg_sq.data(), kNumel * 4), 0);
+}
+
+TEST_P(OptimizerSwapperFaults, ShortWriteThenErrorMidStepIsReportedNotApplied) {
+  const int mode = std::get<0>(GetParam());
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  const Problem problem(seed);
+  TempDir dir;
+  auto faults = std::make_shared<aio::FaultInjector>();
+  NvmeStoreConfig sc = store_config(dir.path(), true);
+  sc.aio.intra_op_parallelism = 1;  // one request per aligned run: the short one is predictable
+  sc.aio.backend = std::get<1>(GetParam());
+  sc.backend_factory = aio::fault_backend_factory(faults);
+  NvmeStore store(sc);
+  AdamOptimizer adam(adam_config());
+  OptimizerSwapperConfig config;
+  config.numel = kNumel;
+  config.sub_group_size = kSubGroup;
+  config.pipeline_read = (mode & 1) != 0;
+  config.pipeline_write = (mode & 2) != 0;
+  OptimizerSwapper swapper(config, adam, &store);
+  swapper.initialize(problem.params.data());
+  swapper.write_grads(0, problem.grads[0].data(), kNumel);
+  // The step's write of sub-group 1's params (12000 bytes at 4 x 12288) comes back short
+  // (4096 bytes), and the write of its remainder fails with ENOSPC.
+  constexpr uint64_t kParams1 = 4 * 12288;
+  faults->add(aio::FaultRule{.op = aio::Op::kWrite,
+                             .offset_begin = kParams1,
+                             .offset_end = kParams1 + 1,
+                             .kind = aio::FaultKind::kShort,
+                             .short_bytes = 4096});
+  faults->add(aio::FaultRule{.op = aio::Op::kWrite,
+                             .offset_begin = kParams1 + 4096,
+                             .offset_end = kParams1 + 4097,
+                             .kind = aio::FaultKind::kError,
+                             .error = ENOSPC});
+  try {
+    (void)swapper.step(options_for(1));
+    FAIL() << "a short write followed by ENOSPC was not reported";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo) << e.what();
+    EXPECT_NE(std::string(e.what()).find(store.path()), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(faults->fired(0), 1u) << "no short write";
+  EXPECT_EQ(faults->fired(1), 1u) << "no error on the continuation";
+  faults->clear();
+  // The half-written params are never read back as data; sub-group 0 was fully updated.
+  std::vector<float> group(kSubGroup);
+  try {
+    swapper.read_sub_group(OptimizerState::kParams, 1, group.data());
+    FAIL() << "params of sub-group 1 whose write came back short and failed were read";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt) << e.what();
+  }
+  const Outcome one_step = run_direct(problem, 1);
+  swapper.read_sub_group(OptimizerState::kParams, 0, group.data());
+  EXPECT_EQ(std::memcmp(group.data(), one_step.params.data(), kSubGroup * 4), 0);
+  // Restored (as from a checkpoint), the next step gives the plain result.
+  swapper.initialize(problem.params.data());
+  swapper.write_grads(0, problem.grads[0].data(), kNumel);
+  (void)swapper.step(options_for(1));
+  std::vector<float> params(kNumel);
+  swapper.read_state(OptimizerState::kParams, params.data());
+  EXPECT_EQ(std::memcmp(params.data(), one_step.params.data(), kNumel * 4), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    PipeliningAndBackends, OptimizerSwapperFaults,
+    ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::ValuesIn(testing::all_backends())),
+    [](const ::testing::TestParamInfo<std::tuple<int, aio::BackendKind>>& param_info) {
+      std::string name = "mode";
+      name.append(std::to_string(std::get<0>(param_info.param)));
+      name.append("_");
+      name.append(aio::to_string(std::get<1>(param_info.param)));
+      return name;
+    });
 
 TEST(OptimizerSwapper, CorruptedExtentFailsTheStepNamingFileAndOffset) {
   const auto seed = static_cast<uint32_t>(test_seed());

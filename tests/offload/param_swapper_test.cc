@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -218,13 +219,19 @@ TEST(ParamSwapper, RequestsThePoolCanNeverMeetFailAtOnce) {
   EXPECT_EQ(gather(swapper.swap_in(id_b)), b);
 }
 
-TEST(ParamSwapper, ReadFaultIsReportedAndTheNextSwapInRetries) {
+// Fault paths, on every aio backend (io_uring and libaio go O_DIRECT with bounce and
+// staging memory; psync does plain pread/pwrite): the faults are injected through a
+// FaultBackend wrapped around the backend under test.
+class ParamSwapperFaults : public ::testing::TestWithParam<aio::BackendKind> {};
+
+TEST_P(ParamSwapperFaults, ReadFaultIsReportedAndTheNextSwapInRetries) {
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
   TempDir dir;
   auto faults = std::make_shared<aio::FaultInjector>();
   NvmeStoreConfig sc = store_config(dir.path());
+  sc.aio.backend = GetParam();
   sc.backend_factory = aio::fault_backend_factory(faults);
   NvmeStore store(sc);
   ParamSwapperConfig config = small_config();
@@ -256,13 +263,67 @@ TEST(ParamSwapper, ReadFaultIsReportedAndTheNextSwapInRetries) {
   EXPECT_EQ(faults->fired(0), 1u);
 }
 
-TEST(ParamSwapper, FailedWriteBackLeavesTheStoredPartitionUnreadableNotStale) {
+// An engine failure breaks the aio handle of the queue it struck for good: that queue must
+// not go back to the idle set, or every later transfer on it fails too. One worker per
+// handle, so the broken worker is the one every later transfer on that handle would use.
+TEST_P(ParamSwapperFaults, EngineFailureDoesNotPoisonLaterTransfers) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  TempDir dir;
+  auto faults = std::make_shared<aio::FaultInjector>();
+  NvmeStoreConfig sc = store_config(dir.path());
+  sc.aio.intra_op_parallelism = 1;
+  sc.aio.backend = GetParam();
+  sc.backend_factory = aio::fault_backend_factory(faults);
+  NvmeStore store(sc);
+  ParamSwapperConfig config = small_config();
+  config.max_in_cpu = 0;
+  ParamSwapper swapper(config, store);
+  const std::vector<uint16_t> a = random_half(rng, 1700);  // 2 chunks
+  const std::vector<uint16_t> b = random_half(rng, 900);
+  const ParamId id_a = swapper.add(a.size(), a.data());
+  const ParamId id_b = swapper.add(b.size(), b.data());
+  // `a` sits in the first two 4096-byte extents: break the engine on its second chunk's read.
+  faults->add(aio::FaultRule{.op = aio::Op::kRead,
+                             .offset_begin = 4096,
+                             .offset_end = 8192,
+                             .kind = aio::FaultKind::kEngine,
+                             .error = EBADF});
+  try {
+    (void)swapper.swap_in(id_a);
+    FAIL() << "the broken engine was not reported";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo) << e.what();
+    const std::string message = e.what();
+    EXPECT_NE(message.find(store.path()), std::string::npos) << message;
+    // The engine fails every request its worker holds; the first of them is reported.
+    EXPECT_NE(message.find("at offset "), std::string::npos) << message;
+    EXPECT_NE(message.find("engine failed"), std::string::npos) << message;
+  }
+  EXPECT_EQ(faults->fired(0), 1u);
+  EXPECT_FALSE(swapper.resident(id_a));
+  // Every later transfer runs on a healthy queue: reads, a prefetch, a write-back, an add.
+  EXPECT_EQ(gather(swapper.swap_in(id_a)), a);
+  swapper.release(id_a);
+  EXPECT_EQ(swapper.prefetch(std::vector<ParamId>{id_b, id_a}), 2u);
+  EXPECT_EQ(gather(swapper.swap_in(id_b)), b);
+  EXPECT_EQ(gather(swapper.swap_in(id_a)), a);
+  swapper.release(id_a);
+  swapper.release(id_b);
+  const std::vector<uint16_t> c = random_half(rng, 2500);
+  const ParamId id_c = swapper.add(c.size(), c.data());
+  EXPECT_EQ(gather(swapper.swap_in(id_c)), c);
+}
+
+TEST_P(ParamSwapperFaults, FailedWriteBackLeavesTheStoredPartitionUnreadableNotStale) {
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
   TempDir dir;
   auto faults = std::make_shared<aio::FaultInjector>();
   NvmeStoreConfig sc = store_config(dir.path(), /*checksums=*/false);
+  sc.aio.backend = GetParam();
   sc.backend_factory = aio::fault_backend_factory(faults);
   NvmeStore store(sc);
   ParamSwapperConfig config = small_config();
@@ -284,10 +345,109 @@ TEST(ParamSwapper, FailedWriteBackLeavesTheStoredPartitionUnreadableNotStale) {
   EXPECT_EQ(gather(swapper.swap_in(id)), updated);
 }
 
-TEST(ParamSwapper, FailedAddLeavesNoExtentBehind) {
+// A swap_in after a failed write-back returns the complete old or the complete new values,
+// or throws: never a mix. Here the write of the second of three chunks of a resident
+// partition fails, after the first chunk (and its part of the view) took the new values.
+TEST_P(ParamSwapperFaults, FailedWriteBackOfAResidentPartitionLeavesNoHalfUpdatedView) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
   TempDir dir;
   auto faults = std::make_shared<aio::FaultInjector>();
   NvmeStoreConfig sc = store_config(dir.path());
+  sc.aio.backend = GetParam();
+  sc.backend_factory = aio::fault_backend_factory(faults);
+  NvmeStore store(sc);
+  ParamSwapperConfig config = small_config();
+  config.max_in_cpu = 0;
+  ParamSwapper swapper(config, store);
+  const std::vector<uint16_t> old_values = random_half(rng, 2500);  // 3 chunks
+  const std::vector<uint16_t> new_values = random_half(rng, 2500);
+  const ParamId id = swapper.add(old_values.size(), old_values.data());
+  EXPECT_EQ(gather(swapper.swap_in(id)), old_values);  // resident
+  // The chunks sit in 4096-byte extents from offset 0: fail the second chunk's write.
+  faults->add(aio::FaultRule{.op = aio::Op::kWrite,
+                             .offset_begin = 4096,
+                             .offset_end = 8192,
+                             .kind = aio::FaultKind::kError,
+                             .error = EIO});
+  EXPECT_THROW(swapper.write_back(id, new_values.data()), OffloadError);
+  EXPECT_EQ(faults->fired(0), 1u);
+  for (int attempt = 0; attempt < 2; ++attempt) {  // resident view, then after a release
+    SCOPED_TRACE("attempt " + std::to_string(attempt));
+    try {
+      const std::vector<uint16_t> seen = gather(swapper.swap_in(id));
+      ADD_FAILURE() << "swap_in after a failed write-back returned "
+                    << (seen == old_values   ? "the old values"
+                        : seen == new_values ? "the new values"
+                                             : "a mix of old and new values");
+    } catch (const OffloadError& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kCorrupt) << e.what();
+    }
+    EXPECT_FALSE(swapper.resident(id));
+    swapper.release(id);
+  }
+  std::vector<uint16_t> direct(2500);
+  EXPECT_THROW(swapper.read(id, direct.data()), OffloadError);
+  // A write-back of the whole partition (the fault fired once) makes it whole again.
+  swapper.write_back(id, new_values.data());
+  EXPECT_EQ(gather(swapper.swap_in(id)), new_values);
+  swapper.read(id, direct.data());
+  EXPECT_EQ(direct, new_values);
+}
+
+// The same when the failure leaves every extent intact but some holding new values and
+// others old ones: with checksums, a range write-back read-modify-writes each chunk it
+// touches, and the read of the second chunk fails after the first was rewritten. The store
+// cannot see the mix (both extents are valid); the swapper must.
+TEST_P(ParamSwapperFaults, FailedRangeWriteBackAcrossChunksLeavesNoMix) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  TempDir dir;
+  auto faults = std::make_shared<aio::FaultInjector>();
+  NvmeStoreConfig sc = store_config(dir.path(), /*checksums=*/true);
+  sc.aio.backend = GetParam();
+  sc.backend_factory = aio::fault_backend_factory(faults);
+  NvmeStore store(sc);
+  ParamSwapperConfig config = small_config();
+  config.max_in_cpu = 0;
+  ParamSwapper swapper(config, store);
+  const std::vector<uint16_t> old_values = random_half(rng, 2500);
+  const ParamId id = swapper.add(old_values.size(), old_values.data());
+  const std::vector<uint16_t> patch = random_half(rng, 1000);
+  std::vector<uint16_t> new_values = old_values;
+  std::copy(patch.begin(), patch.end(), new_values.begin() + 500);  // elements [500, 1500)
+  faults->add(aio::FaultRule{.op = aio::Op::kRead,
+                             .offset_begin = 4096,
+                             .offset_end = 8192,
+                             .kind = aio::FaultKind::kError,
+                             .error = EIO});
+  EXPECT_THROW(swapper.write_back_range(id, 500, patch.data(), patch.size()), OffloadError);
+  EXPECT_EQ(faults->fired(0), 1u);
+  try {
+    const std::vector<uint16_t> seen = gather(swapper.swap_in(id));
+    ADD_FAILURE() << "swap_in after a failed write-back returned "
+                  << (seen == old_values   ? "the old values"
+                      : seen == new_values ? "the new values"
+                                           : "a mix of old and new values");
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt) << e.what();
+    EXPECT_NE(std::string(e.what()).find("write_back"), std::string::npos) << e.what();
+  }
+  // A range write-back cannot make it whole (the rest of the values are unknown): it stays
+  // refused until the whole partition is written.
+  swapper.write_back_range(id, 500, patch.data(), patch.size());
+  EXPECT_THROW((void)swapper.swap_in(id), OffloadError);
+  swapper.write_back(id, new_values.data());
+  EXPECT_EQ(gather(swapper.swap_in(id)), new_values);
+}
+
+TEST_P(ParamSwapperFaults, FailedAddLeavesNoExtentBehind) {
+  TempDir dir;
+  auto faults = std::make_shared<aio::FaultInjector>();
+  NvmeStoreConfig sc = store_config(dir.path());
+  sc.aio.backend = GetParam();
   sc.backend_factory = aio::fault_backend_factory(faults);
   NvmeStore store(sc);
   ParamSwapperConfig config = small_config();
@@ -300,6 +460,75 @@ TEST(ParamSwapper, FailedAddLeavesNoExtentBehind) {
   EXPECT_EQ(id, 0u);
   EXPECT_EQ(store.stats().file_bytes, 3u * 4096u);
   EXPECT_EQ(gather(swapper.swap_in(id)), v);
+}
+
+// Injected partial writes followed by an error: a chunk's write comes back short, and the
+// write of its remainder fails. The swapper reports a clean error and never returns the
+// half-written chunk: not from a write-back of a resident partition, not from an add().
+TEST_P(ParamSwapperFaults, ShortWriteThenErrorIsReportedAndNeverRead) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  TempDir dir;
+  auto faults = std::make_shared<aio::FaultInjector>();
+  NvmeStoreConfig sc = store_config(dir.path());
+  sc.aio.intra_op_parallelism = 1;  // one request per aligned run: the short one is predictable
+  sc.aio.backend = GetParam();
+  sc.backend_factory = aio::fault_backend_factory(faults);
+  NvmeStore store(sc);
+  ParamSwapperConfig config = small_config();
+  config.buffer_size = 6000;  // 12000-byte chunks in 12288-byte extents
+  config.max_in_cpu = 0;
+  ParamSwapper swapper(config, store);
+  // A write of the chunk at `extent` is cut to 4096 bytes; its remainder (at extent + 4096)
+  // then fails with EIO.
+  auto short_then_error = [&](uint64_t extent) {
+    faults->clear();
+    faults->add(aio::FaultRule{.op = aio::Op::kWrite,
+                               .offset_begin = extent,
+                               .offset_end = extent + 1,
+                               .kind = aio::FaultKind::kShort,
+                               .short_bytes = 4096});
+    faults->add(aio::FaultRule{.op = aio::Op::kWrite,
+                               .offset_begin = extent + 4096,
+                               .offset_end = extent + 4097,
+                               .kind = aio::FaultKind::kError,
+                               .error = EIO});
+  };
+  auto expect_both_fired = [&] {
+    EXPECT_EQ(faults->fired(0), 1u) << "no short write";
+    EXPECT_EQ(faults->fired(1), 1u) << "no error on the continuation";
+  };
+  const std::vector<uint16_t> old_values = random_half(rng, 12000);  // 2 chunks
+  const std::vector<uint16_t> new_values = random_half(rng, 12000);
+  const ParamId id = swapper.add(old_values.size(), old_values.data());
+  EXPECT_EQ(gather(swapper.swap_in(id)), old_values);  // resident
+  short_then_error(12288);                             // the second chunk
+  try {
+    swapper.write_back(id, new_values.data());
+    FAIL() << "a short write followed by EIO was not reported";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo) << e.what();
+    EXPECT_NE(std::string(e.what()).find(store.path()), std::string::npos) << e.what();
+  }
+  expect_both_fired();
+  EXPECT_THROW((void)swapper.swap_in(id), OffloadError);
+  std::vector<uint16_t> direct(12000);
+  EXPECT_THROW(swapper.read(id, direct.data()), OffloadError);
+  // An add() whose second chunk is written short, then fails: no partition, no extent.
+  const uint64_t file_bytes = store.stats().file_bytes;
+  const std::vector<uint16_t> other = random_half(rng, 7000);  // 12000 + 2000 bytes
+  short_then_error(file_bytes);                                // the first chunk of `other`
+  EXPECT_THROW((void)swapper.add(other.size(), other.data()), OffloadError);
+  expect_both_fired();
+  faults->clear();
+  const ParamId other_id = swapper.add(other.size(), other.data());
+  EXPECT_EQ(other_id, id + 1);
+  EXPECT_EQ(store.stats().file_bytes, file_bytes + 12288 + 4096);
+  EXPECT_EQ(gather(swapper.swap_in(other_id)), other);
+  // Written whole again, the first partition is readable.
+  swapper.write_back(id, new_values.data());
+  EXPECT_EQ(gather(swapper.swap_in(id)), new_values);
 }
 
 // A swap_in of a partition whose reads are done must not wait for another partition's
@@ -345,6 +574,47 @@ TEST(ParamSwapper, SwapInWaitsOnlyForItsOwnPartition) {
   EXPECT_EQ(faults->fired(rule), 1u);
 }
 
+// A swapper gives its extents back when it is destroyed — with reads still in flight and
+// partitions resident — so swappers made one after another on one store reuse the same
+// space: the swap file does not grow with every one.
+TEST(ParamSwapper, DestroyedSwapperReturnsItsExtents) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  TempDir dir;
+  NvmeStore store(store_config(dir.path()));
+  ParamSwapperConfig config = small_config();
+  config.max_in_cpu = 1000;  // the first partition stays in CPU memory, the rest on NVMe
+  std::vector<NvmeStoreStats> after;
+  std::vector<uint64_t> file_sizes;
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    {
+      ParamSwapper swapper(config, store);
+      std::vector<std::vector<uint16_t>> values;
+      std::vector<ParamId> ids;
+      for (uint64_t n : {1000, 1500, 900, 2500, 1}) {
+        values.push_back(random_half(rng, n));
+        ids.push_back(swapper.add(n, values.back().data()));
+      }
+      EXPECT_EQ(gather(swapper.swap_in(ids[1])), values[1]);  // resident at destruction
+      EXPECT_EQ(swapper.prefetch(std::vector<ParamId>{ids[2], ids[4]}), 2u);  // in flight
+    }
+    after.push_back(store.stats());
+    file_sizes.push_back(std::filesystem::file_size(store.path()));
+    uint64_t probe_offset = 0;
+    EXPECT_TRUE(testing::holds_no_extent(store, &probe_offset));
+    EXPECT_EQ(probe_offset, 0u);
+  }
+  // 2 + 1 + 3 + 1 chunks of at most 4096 bytes each.
+  EXPECT_EQ(after[0].file_bytes, 7u * 4096u);
+  for (size_t round = 1; round < after.size(); ++round) {
+    EXPECT_EQ(after[round].file_bytes, after[0].file_bytes) << "round " << round;
+    EXPECT_EQ(after[round].reserved_bytes, after[0].reserved_bytes) << "round " << round;
+    EXPECT_EQ(file_sizes[round], file_sizes[0]) << "round " << round;
+  }
+}
+
 TEST(ParamSwapper, OutOfSpaceOnFirstWrite) {
   TempDir dir;
   NvmeStore store(store_config(dir.path()));
@@ -360,6 +630,9 @@ TEST(ParamSwapper, OutOfSpaceOnFirstWrite) {
     EXPECT_EQ(e.kind(), ErrorKind::kSpace) << e.what();
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, ParamSwapperFaults, ::testing::ValuesIn(testing::all_backends()),
+                         testing::backend_param_name);
 
 }  // namespace
 }  // namespace zinf::offload

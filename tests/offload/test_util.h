@@ -1,17 +1,29 @@
-// Helpers shared by the offload tests: random data drawn from a seeded generator, and a
-// check for /dev/shm. The temporary directory and the seed policy (test_seed(),
+// Helpers shared by the offload tests: random data drawn from a seeded generator, a check
+// for /dev/shm, an Accelerator whose host registration fails on a chosen call (a failure
+// injected midway through a constructor that builds pools), and a probe of the extents a
+// store still holds. The temporary directory and the seed policy (test_seed(),
 // ZINF_TRACE_SEED) are the shared ones in tests/common.
 //
 // Thread safety: the helpers hold no state; a generator passed in must not be shared.
+// RefusingAccelerator is for one thread (it counts calls unsynchronized).
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <memory>
+#include <new>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "aio/config.h"
+#include "offload/accelerator.h"
+#include "offload/error.h"
+#include "offload/nvme_store.h"
 
 namespace zinf::offload::testing {
 
@@ -32,7 +44,79 @@ inline std::vector<float> random_floats(std::mt19937& rng, size_t numel, float s
   return data;
 }
 
+// The aio backends every fault-path suite runs on.
+inline const std::vector<aio::BackendKind>& all_backends() {
+  static const std::vector<aio::BackendKind> kinds = {
+      aio::BackendKind::kIoUring, aio::BackendKind::kLibaio, aio::BackendKind::kPsync};
+  return kinds;
+}
+
+inline std::string backend_param_name(const ::testing::TestParamInfo<aio::BackendKind>& info) {
+  return std::string(aio::to_string(info.param));
+}
+
 // Whether /dev/shm is a usable tmpfs for the buffered-fallback tests.
 inline bool have_dev_shm() { return std::filesystem::is_directory("/dev/shm"); }
+
+// An accelerator whose register_host() throws OffloadError(kDevice) on call number
+// `fail_at` (1-based; 0: never) and counts the others. It has no streams or device memory:
+// only the pools' host registration is exercised.
+class RefusingAccelerator final : public Accelerator {
+ public:
+  explicit RefusingAccelerator(uint64_t fail_at) : Accelerator(0), fail_at_(fail_at) {}
+
+  std::string_view name() const noexcept override { return "refusing"; }
+  std::unique_ptr<Stream> create_stream() override { throw unused(); }
+  std::unique_ptr<Event> create_event() override { throw unused(); }
+  void copy_to_device(void*, const void*, size_t, Stream&) override { throw unused(); }
+  void copy_to_host(void*, const void*, size_t, Stream&) override { throw unused(); }
+  void launch_host_func(Stream&, std::function<void()>) override { throw unused(); }
+  void record_event(Event&, Stream&) override { throw unused(); }
+  void wait_event(Stream&, Event&) override { throw unused(); }
+
+  void register_host(void* /*ptr*/, size_t bytes) override {
+    if (++calls_ == fail_at_) {
+      throw OffloadError(ErrorKind::kDevice, "injected: host registration refused");
+    }
+    registered_ += bytes;
+  }
+  void unregister_host(void* /*ptr*/, size_t bytes) noexcept override { registered_ -= bytes; }
+  uint64_t registered_host_bytes() const noexcept override { return registered_; }
+  aio::PinHooks pin_hooks() override { return {}; }
+
+  uint64_t calls() const noexcept { return calls_; }
+
+ protected:
+  void* device_malloc(size_t /*bytes*/) override { throw std::bad_alloc(); }
+  void device_free(void* /*ptr*/, size_t /*bytes*/) noexcept override {}
+
+ private:
+  static OffloadError unused() {
+    return OffloadError(ErrorKind::kUsage, "refusing accelerator: not implemented");
+  }
+  const uint64_t fail_at_;
+  uint64_t calls_ = 0;
+  uint64_t registered_ = 0;
+};
+
+// Whether `store` holds no extent: ids are handed out in order and never reused, so a probe
+// extent's id is the number ever allocated, and every id below it must be free (unknown to
+// extent()). The probe is freed again. Also reports, through `probe_offset`, where the
+// probe landed (0 when the freed space is reused first-fit from the start).
+inline ::testing::AssertionResult holds_no_extent(NvmeStore& store, uint64_t* probe_offset) {
+  const ExtentId probe = store.allocate(1);
+  *probe_offset = store.extent(probe).file_offset;
+  store.free(probe);
+  for (ExtentId id = 0; id < probe; ++id) {
+    try {
+      (void)store.extent(id);
+      return ::testing::AssertionFailure()
+             << "extent " << id << " of " << probe << " ever allocated is still held";
+    } catch (const OffloadError&) {
+      // free, as expected
+    }
+  }
+  return ::testing::AssertionSuccess() << probe << " extents allocated, none held";
+}
 
 }  // namespace zinf::offload::testing
