@@ -639,7 +639,7 @@ class AioHandle::Impl final : public PartListener {
   void run_sync(Op op, std::byte* buffer, uint64_t bytes, const std::string& path,
                 uint64_t offset) {
     std::unique_ptr<Transfer> transfer = make_transfer(op, buffer, bytes, path, offset);
-    start(*transfer);
+    start(transfer->parts.data(), transfer->parts.size());
     std::unique_lock<std::mutex> lock(mutex_);
     done_cv_.wait(lock, [&] { return transfer->done; });
     if (transfer->error) std::rethrow_exception(transfer->error);
@@ -657,16 +657,21 @@ class AioHandle::Impl final : public PartListener {
       transfer->error = std::current_exception();
     }
     transfer->async = true;
-    Transfer& ref = *transfer;
+    // Once published in async_, a transfer that is already done (no parts: it failed before
+    // starting, or is empty) may be collected and freed by a wait() on another thread at any
+    // moment, so nothing below touches the transfer itself: only its parts, which keep it
+    // alive (not done) until the last of them has been enqueued and has ended.
+    Part* const parts = transfer->parts.data();
+    const size_t part_count = transfer->parts.size();
     uint64_t ticket = 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       ticket = ++last_ticket_;
-      ref.ticket = ticket;
+      transfer->ticket = ticket;
+      if (part_count > 0) ++async_outstanding_;
       async_.push_back(std::move(transfer));
-      if (!ref.parts.empty()) ++async_outstanding_;
     }
-    start(ref);
+    start(parts, part_count);
     return ticket;
   }
 
@@ -819,8 +824,14 @@ class AioHandle::Impl final : public PartListener {
     return transfer;
   }
 
-  void start(Transfer& transfer) {
-    for (Part& part : transfer.parts) workers_[part.worker]->enqueue(&part);
+  // Hands parts[0, count) to their workers. Reads nothing of a part (nor of its transfer)
+  // after enqueuing it: the last part may end, and its transfer be freed, at once.
+  void start(Part* parts, size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+      Part* part = parts + i;
+      Worker& worker = *workers_[part->worker];
+      worker.enqueue(part);
+    }
   }
 
   // Builds the engine table of `ranges`, has every worker apply it, and makes it current.
