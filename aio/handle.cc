@@ -28,11 +28,13 @@
 // lets its requests in flight finish, swaps the ring's table, then resumes.
 #include "aio/handle.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
@@ -63,6 +65,12 @@ constexpr uint64_t kStagingLimitBytes = 64ull << 20;
 
 // io_uring refuses fixed buffers larger than 1 GiB: longer ranges are registered in pieces.
 constexpr uint64_t kMaxFixedBufferBytes = 1ull << 30;
+
+// Failed waits while draining a failed engine retried at once before each waits 10 ms.
+constexpr uint64_t kDrainFailuresBeforeBackoff = 64;
+
+constexpr std::string_view kHaltedDetail =
+    "cancelled: a wait on this handle timed out (the handle is broken)";
 
 constexpr uint64_t align_down(uint64_t value) { return value & ~(kBlock - 1); }
 
@@ -123,6 +131,8 @@ struct Transfer {
   bool async = false;
   uint64_t ticket = 0;  // async: what async_* returned, for wait_for()
   std::shared_ptr<const FileEntry> file;
+  uint64_t offset = 0;  // the file range [offset, offset + bytes), for messages
+  uint64_t bytes = 0;
   std::vector<Part> parts;  // fixed before the parts are enqueued
   // Guarded by AioHandle::Impl::mutex_:
   size_t parts_left = 0;
@@ -141,6 +151,8 @@ struct SharedStats {
 class PartListener {
  public:
   virtual void part_done(Part& part) = 0;
+  // A worker's engine failed; `reason` names the request in flight when it did.
+  virtual void engine_failed(int error, const std::string& reason) noexcept = 0;
 
  protected:
   ~PartListener() = default;
@@ -163,6 +175,7 @@ struct Slot {
   bool staged = false;                 // memory is bounce/staging memory
   bool direct = false;                 // request.fd is O_DIRECT: stay block aligned
   int retries = 0;
+  uint64_t sequence = 0;  // issue order of the worker's requests (the oldest is named)
 };
 
 class Worker {
@@ -230,6 +243,16 @@ class Worker {
     return applied_fixed_;
   }
 
+  // Asks the worker to halt (see halt()) the next time it gets control; the handle is broken.
+  void request_cancel() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      cancel_requested_.store(true, std::memory_order_release);
+      wake_.store(true, std::memory_order_release);
+    }
+    cv_.notify_one();
+  }
+
   // Finishes every queued part and request in flight, then ends the thread.
   void stop_and_join() {
     {
@@ -248,6 +271,7 @@ class Worker {
   void run() noexcept {
     for (;;) {
       if (!take_new_parts()) return;
+      if (!halted_ && cancel_requested_.load(std::memory_order_acquire)) halt();
       if (next_table_ && in_flight() == 0) apply_buffer_table();
       if (!next_table_ && (overlap_events_ || in_flight() == 0)) fill();
       submit_staged();
@@ -307,7 +331,8 @@ class Worker {
 
   void fill() {
     for (Part* part = active_head_; part != nullptr; part = part->next) {
-      if (broken_error_ != 0 && !part->error) fail_part(*part, broken_error_, "engine failed");
+      if (broken_error_ != 0 && !part->error) fail_part(*part, broken_error_, broken_detail_);
+      if (halted_ && !part->error) fail_part(*part, ECANCELED, kHaltedDetail);
       while (!free_.empty() && !part->error && part->cursor < part->end) issue_next(*part);
       if (free_.empty()) break;
     }
@@ -360,6 +385,7 @@ class Worker {
 
     free_.pop_back();
     ++part.in_flight;
+    slot.sequence = next_sequence_++;
     part.cursor = at + covered;
     slot.part = &part;
     const int buffer_index = table_ && !staged ? table_->find(memory, length) : -1;
@@ -392,7 +418,11 @@ class Worker {
 
   void stage(Slot& slot) {
     if (!backend_) {
-      fail_request(slot, broken_error_, "engine failed");
+      fail_request(slot, broken_error_, broken_detail_);
+      return;
+    }
+    if (halted_) {
+      fail_request(slot, ECANCELED, kHaltedDetail);
       return;
     }
     const int rc = backend_->prep(slot.request);
@@ -424,7 +454,7 @@ class Worker {
           continue;
         }
       }
-      fail_engine(rc == 0 ? EAGAIN : -rc, "engine failed in submit");
+      fail_engine(rc == 0 ? EAGAIN : -rc, "in submit");
       return;
     }
   }
@@ -434,7 +464,7 @@ class Worker {
     const int rc = backend_->reap(completions_, min_complete);
     if (rc == -EINTR || rc == -EAGAIN) return;  // the loop comes back here
     if (rc < 0) {
-      fail_engine(-rc, "engine failed in reap");
+      fail_engine(-rc, "in reap");
       return;
     }
     in_kernel_ -= static_cast<unsigned>(rc);
@@ -537,21 +567,81 @@ class Worker {
   }
 
   // The engine itself failed (its ring or context, not one request): fail everything this
-  // worker holds and every later part. The engine is torn down first: its destructor waits
-  // for the requests the kernel still holds, so no slot (nor the user or staging memory it
-  // points to) is released while the kernel may still read or write it.
+  // worker holds and every later part. Before the engine is torn down its requests are
+  // cancelled and reaped, however long the kernel takes and however often a wait fails, so
+  // no slot (nor the user or staging memory it points to) is released, and no ring closed,
+  // while the kernel may still read or write that memory.
   void fail_engine(int error, std::string_view detail) {
-    spdlog::error("aio: {} {} ({}); failing its transfers", name_, detail, std::strerror(error));
     broken_error_ = error != 0 ? error : EIO;
+    const Slot* oldest = nullptr;
+    for (const Slot& slot : slots_) {
+      if (slot.part != nullptr && (oldest == nullptr || slot.sequence < oldest->sequence)) {
+        oldest = &slot;
+      }
+    }
+    try {
+      broken_detail_ =
+          fmt::format("{} engine failed {} ({})", name_, detail, std::strerror(broken_error_));
+      if (oldest != nullptr) {
+        broken_detail_ += fmt::format(" with '{}' at offset {} (length {}) in flight",
+                                      oldest->part->transfer->file->path, oldest->request.offset,
+                                      oldest->request.bytes);
+      }
+      spdlog::error("aio: {}; failing its transfers", broken_detail_);
+    } catch (...) {
+      broken_detail_.clear();  // out of memory: the errno alone is reported
+    }
+    listener_.engine_failed(broken_error_, broken_detail_);
+    drain();
     backend_.reset();
     table_.reset();
     for (Slot& slot : slots_) {
-      if (slot.part != nullptr) fail_request(slot, broken_error_, detail);
+      if (slot.part != nullptr) fail_request(slot, broken_error_, broken_detail_);
     }
     staged_ = 0;
     in_kernel_ = 0;
     for (Part* part = active_head_; part != nullptr; part = part->next) {
-      fail_part(*part, broken_error_, "engine failed");
+      fail_part(*part, broken_error_, broken_detail_);
+    }
+  }
+
+  // Cancels the requests the kernel holds and reaps until it has returned every one. Their
+  // results are dropped: the caller fails their slots. Waits that fail are retried (the
+  // alternative, closing the engine, would let the kernel write into freed memory).
+  void drain() noexcept {
+    if (in_kernel_ == 0) return;
+    (void)backend_->cancel();  // completions arrive either way
+    uint64_t failures = 0;
+    while (in_kernel_ > 0) {
+      const int rc = backend_->reap(completions_, 1);
+      if (rc > 0) {
+        in_kernel_ -= std::min(in_kernel_, static_cast<unsigned>(rc));
+        continue;
+      }
+      if (rc == 0 || rc == -EINTR || rc == -EAGAIN) continue;
+      ++failures;
+      if (failures == kDrainFailuresBeforeBackoff) {
+        spdlog::warn(
+            "aio: {}: waiting for {} request(s) of a failed engine keeps failing ({}); still "
+            "waiting: the kernel may write their memory until they end",
+            name_, in_kernel_, std::strerror(-rc));
+      }
+      if (failures >= kDrainFailuresBeforeBackoff) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
+
+  // A wait on the handle timed out (the handle is broken): stop issuing, fail every part,
+  // and ask the kernel to cancel what it holds. Requests in flight still end (cancelled or
+  // not) before their slots are released.
+  void halt() {
+    halted_ = true;
+    if (backend_ && in_kernel_ > 0) (void)backend_->cancel();
+    for (Part* part = active_head_; part != nullptr; part = part->next) {
+      fail_part(*part, ECANCELED, kHaltedDetail);
     }
   }
 
@@ -592,6 +682,7 @@ class Worker {
   bool applied_fixed_ = false;                       // guarded by mutex_
   bool stopping_ = false;                            // guarded by mutex_
   std::atomic<bool> wake_{false};                    // queue_head_ or posted_table_ may be set
+  std::atomic<bool> cancel_requested_{false};        // request_cancel() was called
   std::thread thread_;
 
   // Worker thread only:
@@ -605,7 +696,10 @@ class Worker {
   std::unique_ptr<std::byte, FreeDeleter> staging_;
   unsigned staged_ = 0;     // prepped, not yet taken by submit()
   unsigned in_kernel_ = 0;  // submitted, not yet reaped
-  int broken_error_ = 0;
+  uint64_t next_sequence_ = 0;
+  int broken_error_ = 0;       // the engine failed (backend_ is null)
+  std::string broken_detail_;  // why, naming the oldest request then in flight
+  bool halted_ = false;        // halt() ran
 };
 
 }  // namespace
@@ -638,6 +732,9 @@ class AioHandle::Impl final : public PartListener {
 
   void run_sync(Op op, std::byte* buffer, uint64_t bytes, const std::string& path,
                 uint64_t offset) {
+    if (std::exception_ptr error = broken_error(op, path, offset, bytes)) {
+      std::rethrow_exception(error);
+    }
     std::unique_ptr<Transfer> transfer = make_transfer(op, buffer, bytes, path, offset);
     start(transfer->parts.data(), transfer->parts.size());
     std::unique_lock<std::mutex> lock(mutex_);
@@ -648,13 +745,19 @@ class AioHandle::Impl final : public PartListener {
   uint64_t run_async(Op op, std::byte* buffer, uint64_t bytes, const std::string& path,
                      uint64_t offset) {
     std::unique_ptr<Transfer> transfer;
-    try {
-      transfer = make_transfer(op, buffer, bytes, path, offset);
-    } catch (...) {
+    std::exception_ptr error = broken_error(op, path, offset, bytes);
+    if (!error) {
+      try {
+        transfer = make_transfer(op, buffer, bytes, path, offset);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    if (error) {
       // Reported by wait(), like every other failure of an async transfer.
       transfer = std::make_unique<Transfer>();
       transfer->done = true;
-      transfer->error = std::current_exception();
+      transfer->error = std::move(error);
     }
     transfer->async = true;
     // Once published in async_, a transfer that is already done (no parts: it failed before
@@ -772,6 +875,21 @@ class AioHandle::Impl final : public PartListener {
 
   void close_file(const std::string& path) { files_.close(path); }
 
+  bool broken() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return broken_error_ != 0;
+  }
+
+  std::string broken_reason() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return broken_reason_;
+  }
+
+  void engine_failed(int error, const std::string& reason) noexcept override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    set_broken_locked(error, reason);
+  }
+
   void part_done(Part& part) override {
     std::lock_guard<std::mutex> lock(mutex_);
     Transfer& transfer = *part.transfer;
@@ -784,6 +902,27 @@ class AioHandle::Impl final : public PartListener {
   }
 
  private:
+  // Records the first reason the handle broke. Caller holds mutex_.
+  void set_broken_locked(int error, const std::string& reason) noexcept {
+    if (broken_error_ != 0) return;
+    broken_error_ = error != 0 ? error : EIO;
+    try {
+      broken_reason_ = reason;
+    } catch (...) {
+      broken_reason_.clear();  // out of memory: broken() still says so
+    }
+  }
+
+  // The error of a new transfer on a broken handle (null while it is not broken): its own
+  // range, and why the handle broke.
+  std::exception_ptr broken_error(Op op, const std::string& path, uint64_t offset,
+                                  uint64_t bytes) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (broken_error_ == 0) return nullptr;
+    return make_io_error(op, path, offset, bytes, broken_error_,
+                         "the handle is broken (" + broken_reason_ + "); make a new handle");
+  }
+
   // Opens the file and cuts [offset, offset + bytes) into one part per worker, boundaries on
   // 4096-byte file offsets. Throws IoError.
   std::unique_ptr<Transfer> make_transfer(Op op, std::byte* buffer, uint64_t bytes,
@@ -798,6 +937,8 @@ class AioHandle::Impl final : public PartListener {
     }
     auto transfer = std::make_unique<Transfer>();
     transfer->op = op;
+    transfer->offset = offset;
+    transfer->bytes = bytes;
     transfer->file = files_.get(path, op == Op::kWrite);
     const uint64_t count = workers_.size();
     const uint64_t end = offset + bytes;
@@ -877,6 +1018,8 @@ class AioHandle::Impl final : public PartListener {
   std::vector<std::unique_ptr<Transfer>> async_;  // guarded by mutex_; not yet collected
   size_t async_outstanding_ = 0;                  // guarded by mutex_; async_ not yet done
   uint64_t last_ticket_ = 0;                      // guarded by mutex_; tickets are 1, 2, ...
+  int broken_error_ = 0;                          // guarded by mutex_; 0: not broken
+  std::string broken_reason_;                     // guarded by mutex_
 };
 
 AioHandle::AioHandle(AioConfig config) : AioHandle(std::move(config), nullptr) {}
@@ -933,6 +1076,10 @@ bool AioHandle::register_buffers(std::span<const std::pair<void*, size_t>> range
 void AioHandle::unregister_buffers(std::span<const std::pair<void*, size_t>> ranges) {
   impl_->unregister_buffers(ranges);
 }
+
+bool AioHandle::broken() const { return impl_->broken(); }
+
+std::string AioHandle::broken_reason() const { return impl_->broken_reason(); }
 
 void AioHandle::close_file(const std::string& path) { impl_->close_file(path); }
 

@@ -26,9 +26,12 @@
 // one of them skip the kernel's per-request page pinning (IORING_OP_READ_FIXED/WRITE_FIXED).
 // Any other memory keeps working through the normal path; other backends ignore the call.
 //
-// If an engine itself fails (its ring or context, not one request), the worker tears it down
-// (waiting for what the kernel still holds) and fails every transfer it is given from then
-// on with an IoError saying so: make a new handle.
+// If an engine itself fails (its ring or context, not one request), the worker cancels what
+// the kernel still holds, reaps every one of those requests (retrying failed waits for as
+// long as it takes), then tears the engine down and fails the transfers it held. The handle
+// is then broken(): every later transfer, on any file, fails at once with an IoError naming
+// its own range and, in its text, the file, offset and length of the request in flight when
+// the engine broke (broken_reason()). Make a new handle.
 //
 // Thread safety: all public methods may be called from any thread; async requests from
 // several threads share the handle's workers, and wait() waits for all of them, while
@@ -131,6 +134,14 @@ class AioHandle {
   // Drops ranges registered earlier (matched by start and length; unknown ones are ignored).
   // Blocks like register_buffers(); afterwards no new request uses them.
   void unregister_buffers(std::span<const std::pair<void*, size_t>> ranges);
+
+  // Whether the handle is broken: its engine failed, or a wait timed out (see above). A
+  // broken handle fails every later transfer at once with an IoError that names its own
+  // range and repeats broken_reason(); upper layers replace it with a new handle.
+  bool broken() const;
+  // Why the handle broke (names the file, offset and length of the request it broke on);
+  // empty while it is not broken.
+  std::string broken_reason() const;
 
   // Closes cached file descriptors of `path` (e.g. before the file is deleted). Must not be
   // called while transfers on that path are in flight.
