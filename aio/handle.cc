@@ -737,8 +737,15 @@ class AioHandle::Impl final : public PartListener {
     }
     std::unique_ptr<Transfer> transfer = make_transfer(op, buffer, bytes, path, offset);
     start(transfer->parts.data(), transfer->parts.size());
+    const Clock::time_point began = Clock::now();
     std::unique_lock<std::mutex> lock(mutex_);
-    done_cv_.wait(lock, [&] { return transfer->done; });
+    if (!done_cv_.wait_until(lock, deadline_after(began), [&] { return transfer->done; })) {
+      std::exception_ptr error = time_out_locked(*transfer, began);
+      abandoned_.push_back(std::move(transfer));
+      lock.unlock();
+      cancel_workers();
+      std::rethrow_exception(error);
+    }
     if (transfer->error) std::rethrow_exception(transfer->error);
   }
 
@@ -798,7 +805,26 @@ class AioHandle::Impl final : public PartListener {
         }
         return true;
       };
-      done_cv_.wait(lock, all_ended);
+      const Clock::time_point began = Clock::now();
+      if (!done_cv_.wait_until(lock, deadline_after(began), all_ended)) {
+        // The lowest waited ticket not done is named; every waited transfer becomes the
+        // handle's (the kernel may still use their memory), the others stay pending.
+        const Transfer* stuck = nullptr;
+        for (const auto& transfer : async_) {
+          if (!transfer->done &&
+              std::find(tickets.begin(), tickets.end(), transfer->ticket) != tickets.end() &&
+              (stuck == nullptr || transfer->ticket < stuck->ticket)) {
+            stuck = transfer.get();
+          }
+        }
+        std::exception_ptr error = time_out_locked(*stuck, began);
+        abandon_locked([&](const Transfer& t) {
+          return std::find(tickets.begin(), tickets.end(), t.ticket) != tickets.end();
+        });
+        lock.unlock();
+        cancel_workers();
+        std::rethrow_exception(error);
+      }
       for (auto it = async_.begin(); it != async_.end();) {
         if (std::find(tickets.begin(), tickets.end(), (*it)->ticket) != tickets.end()) {
           ended.push_back(std::move(*it));
@@ -817,7 +843,22 @@ class AioHandle::Impl final : public PartListener {
     std::vector<std::unique_ptr<Transfer>> ended;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      done_cv_.wait(lock, [this] { return async_outstanding_ == 0; });
+      const Clock::time_point began = Clock::now();
+      if (!done_cv_.wait_until(lock, deadline_after(began),
+                               [this] { return async_outstanding_ == 0; })) {
+        const Transfer* stuck = nullptr;  // the oldest transfer not done
+        for (const auto& transfer : async_) {
+          if (!transfer->done) {
+            stuck = transfer.get();
+            break;
+          }
+        }
+        std::exception_ptr error = time_out_locked(*stuck, began);
+        abandon_locked([](const Transfer&) { return true; });
+        lock.unlock();
+        cancel_workers();
+        std::rethrow_exception(error);
+      }
       ended.swap(async_);
     }
     for (const auto& transfer : ended) {
@@ -902,6 +943,53 @@ class AioHandle::Impl final : public PartListener {
   }
 
  private:
+  using Clock = std::chrono::steady_clock;
+
+  Clock::time_point deadline_after(Clock::time_point began) const {
+    return began + std::chrono::duration_cast<Clock::duration>(
+                       std::chrono::duration<double>(config_.io_timeout_s));
+  }
+
+  // `transfer` did not end by its deadline: breaks the handle and returns the error to throw
+  // (naming the transfer's range, the time waited and the deadline). Caller holds mutex_.
+  std::exception_ptr time_out_locked(const Transfer& transfer, Clock::time_point began) {
+    const double waited_s = std::chrono::duration<double>(Clock::now() - began).count();
+    std::exception_ptr error = make_io_error(
+        transfer.op, transfer.file->path, transfer.offset, transfer.bytes, ETIMEDOUT,
+        fmt::format("no completion after {:.3f} s (io_timeout_s = {}); the handle is broken: "
+                    "its requests in flight are cancelled, and their memory may be written "
+                    "until the handle is destroyed",
+                    waited_s, config_.io_timeout_s));
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      set_broken_locked(ETIMEDOUT, e.what());
+    }
+    return error;
+  }
+
+  // Moves the async transfers `chosen` picks from async_ to abandoned_: they are no longer
+  // the caller's to collect, and are freed only once the workers have stopped. Caller holds
+  // mutex_.
+  template <typename Chosen>
+  void abandon_locked(Chosen chosen) {
+    for (auto it = async_.begin(); it != async_.end();) {
+      if (!chosen(**it)) {
+        ++it;
+        continue;
+      }
+      if (!(*it)->done) --async_outstanding_;
+      (*it)->async = false;  // part_done() no longer counts it in async_outstanding_
+      abandoned_.push_back(std::move(*it));
+      it = async_.erase(it);
+    }
+  }
+
+  // Has every worker halt: fail its queued parts and cancel its requests in flight.
+  void cancel_workers() {
+    for (auto& worker : workers_) worker->request_cancel();
+  }
+
   // Records the first reason the handle broke. Caller holds mutex_.
   void set_broken_locked(int error, const std::string& reason) noexcept {
     if (broken_error_ != 0) return;
@@ -1018,8 +1106,10 @@ class AioHandle::Impl final : public PartListener {
   std::vector<std::unique_ptr<Transfer>> async_;  // guarded by mutex_; not yet collected
   size_t async_outstanding_ = 0;                  // guarded by mutex_; async_ not yet done
   uint64_t last_ticket_ = 0;                      // guarded by mutex_; tickets are 1, 2, ...
-  int broken_error_ = 0;                          // guarded by mutex_; 0: not broken
-  std::string broken_reason_;                     // guarded by mutex_
+  // Guarded by mutex_: transfers whose wait timed out; freed after the workers stopped.
+  std::vector<std::unique_ptr<Transfer>> abandoned_;
+  int broken_error_ = 0;       // guarded by mutex_; 0: not broken
+  std::string broken_reason_;  // guarded by mutex_
 };
 
 AioHandle::AioHandle(AioConfig config) : AioHandle(std::move(config), nullptr) {}
