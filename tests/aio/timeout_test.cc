@@ -174,13 +174,16 @@ TEST_P(TimeoutTest, WaitForTimesOutAndLeavesOtherTicketsPending) {
   const std::string path = prepare_file("stall.bin");
   const std::string good = dir_.file("good.bin");
   stall("stall.bin");
+  // Both outlive the handle (the kernel may write them until it is destroyed); `late` gets
+  // its own memory, the stalled read may still be writing `back`.
   std::vector<std::byte> back(kBytes);
+  std::vector<std::byte> late_back(4096);
   AioHandle handle(config_, fault_backend_factory(faults_));
   StallRelease release(*faults_);
   const uint64_t written = handle.async_pwrite(data_.data(), data_.size(), good, 0);
   handle.wait_for(written);  // not stalled: completes in time
   const uint64_t stalled = handle.async_pread(back.data(), back.size(), path, 0);
-  const uint64_t late = handle.async_pread(back.data(), 4096, good, 0);
+  const uint64_t late = handle.async_pread(late_back.data(), late_back.size(), good, 0);
   try {
     handle.wait_for(stalled);
     FAIL() << "a stalled read did not time out";
