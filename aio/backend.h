@@ -85,6 +85,13 @@ class Backend {
   // not yet reaped. Returns the number written, or -errno (-EINTR: call again).
   virtual int reap(std::span<Completion> out, unsigned min_complete) = 0;
 
+  // Asks the kernel to cancel every submitted request not yet reaped. Each still produces
+  // its completion through reap() (-ECANCELED, or its real result when it ended first), so
+  // the caller keeps reaping until it has them all. Returns 0, or -errno when nothing could
+  // be cancelled (the completions still arrive). Engines whose requests end inside submit()
+  // (psync) have nothing to cancel.
+  virtual int cancel() { return 0; }
+
   // Optional (see caps()). Replace the registered table; an empty span unregisters.
   virtual int register_files(std::span<const int> fds) {
     (void)fds;

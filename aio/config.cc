@@ -45,6 +45,12 @@ void AioConfig::validate() const {
     throw std::invalid_argument(
         fmt::format("aio.intra_op_parallelism must be in [1, 256], got {}", intra_op_parallelism));
   }
+  // Written so that NaN fails too. 1e9 s (~32 years) keeps deadlines far from overflow.
+  if (!(io_timeout_s > 0.0 && io_timeout_s <= 1e9)) {
+    throw std::invalid_argument(fmt::format(
+        "zinf.io_timeout_s must be in (0, 1e9] seconds (a deadline is mandatory), got {}",
+        io_timeout_s));
+  }
 }
 
 }  // namespace zinf::aio

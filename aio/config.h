@@ -26,10 +26,13 @@ struct AioConfig {
   bool single_submit = false;     // submit requests one by one instead of in batches
   bool overlap_events = true;     // refill the queue as completions arrive
   BackendKind backend = BackendKind::kIoUring;
+  // Deadline of every wait on I/O, in seconds (zinf.io_timeout_s): a transfer not complete
+  // by then fails with an IoError and breaks the handle (see aio/handle.h). Always > 0.
+  double io_timeout_s = 300.0;
 
   // Throws std::invalid_argument naming the key when a value is out of range
   // (block_size must be a positive multiple of 4096, queue_depth in [1, 4096],
-  // intra_op_parallelism in [1, 256]).
+  // intra_op_parallelism in [1, 256], io_timeout_s in (0, 1e9]).
   void validate() const;
 };
 

@@ -42,12 +42,39 @@ std::optional<FaultRule> FaultInjector::decide(const Request& request) {
   return std::nullopt;
 }
 
+void FaultInjector::wait_for_release() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  released_cv_.wait(lock, [this] { return released_; });
+}
+
+void FaultInjector::release_stalls() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    released_ = true;
+  }
+  released_cv_.notify_all();
+}
+
+uint64_t FaultInjector::abandoned_requests() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return abandoned_;
+}
+
+void FaultInjector::note_abandoned(uint64_t requests) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  abandoned_ += requests;
+}
+
 FaultBackend::FaultBackend(std::unique_ptr<Backend> inner, std::shared_ptr<FaultInjector> injector)
     : inner_(std::move(inner)),
       injector_(std::move(injector)),
       name_("fault(" + std::string(inner_->name()) + ")") {
   synthetic_staged_.reserve(inner_->capacity());
   synthetic_ready_.reserve(inner_->capacity());
+}
+
+FaultBackend::~FaultBackend() {
+  if (in_flight_ > 0) injector_->note_abandoned(in_flight_);
 }
 
 std::string_view FaultBackend::name() const noexcept { return name_; }
@@ -70,6 +97,10 @@ int FaultBackend::prep(const Request& request) {
       return inner_->prep(request);
     case FaultKind::kEngine:
       engine_error_ = rule->error;
+      engine_failures_ = std::max<uint32_t>(1, rule->reap_failures);
+      return inner_->prep(request);
+    case FaultKind::kStall:
+      pending_stall_ = true;
       return inner_->prep(request);
   }
   return inner_->prep(request);
@@ -80,17 +111,31 @@ int FaultBackend::submit() {
     std::this_thread::sleep_for(pending_delay_);
     pending_delay_ = std::chrono::microseconds{0};
   }
+  if (pending_stall_) {
+    injector_->wait_for_release();
+    pending_stall_ = false;
+  }
   const int synthetic = static_cast<int>(synthetic_staged_.size());
   synthetic_ready_.insert(synthetic_ready_.end(), synthetic_staged_.begin(),
                           synthetic_staged_.end());
   synthetic_staged_.clear();
   const int rc = inner_->submit();
-  if (rc < 0) return synthetic > 0 ? synthetic : rc;
-  return rc + synthetic;
+  const int taken = rc < 0 ? (synthetic > 0 ? synthetic : rc) : rc + synthetic;
+  if (taken > 0) in_flight_ += static_cast<uint64_t>(taken);
+  return taken;
 }
 
 int FaultBackend::reap(std::span<Completion> out, unsigned min_complete) {
-  if (engine_error_ != 0) return -std::exchange(engine_error_, 0);
+  const int rc = reap_inner(out, min_complete);
+  if (rc > 0) in_flight_ -= std::min<uint64_t>(in_flight_, static_cast<uint64_t>(rc));
+  return rc;
+}
+
+int FaultBackend::reap_inner(std::span<Completion> out, unsigned min_complete) {
+  if (engine_failures_ > 0) {
+    --engine_failures_;
+    return -engine_error_;
+  }
   size_t n = 0;
   while (n < out.size() && !synthetic_ready_.empty()) {
     out[n++] = synthetic_ready_.back();

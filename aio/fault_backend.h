@@ -17,6 +17,7 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -36,7 +37,10 @@ enum class FaultKind : uint8_t {
   kRetry,   // complete with -error (EINTR or EAGAIN) without performing it; the retry is clean
   kDelay,   // hold the submission of the request for `delay`
   kEngine,  // perform the request, but the next reap() fails with -error: the engine itself
-            // broke (the handle tears it down and fails the worker's transfers)
+            // broke (the handle tears it down and fails the worker's transfers); with
+            // reap_failures > 1 the reaps after it fail too (a transiently failing wait)
+  kStall,   // hold the submission of the request until FaultInjector::release_stalls()
+            // (a hung device: the worker is blocked, its requests never complete)
 };
 
 struct FaultRule {
@@ -51,6 +55,7 @@ struct FaultRule {
   int error = EIO;              // kError / kRetry: positive errno to report
   uint32_t short_bytes = 4096;  // kShort: bytes actually transferred (O_DIRECT: keep 4096-aligned)
   std::chrono::microseconds delay{0};  // kDelay
+  uint32_t reap_failures = 1;          // kEngine: consecutive reap() calls that fail
 };
 
 class FaultInjector {
@@ -68,6 +73,16 @@ class FaultInjector {
   // The rule (if any) that alters `request`, counting the match. First added rule wins.
   std::optional<FaultRule> decide(const Request& request);
 
+  // kStall: blocks the calling (worker) thread until release_stalls() has been called.
+  void wait_for_release();
+  // Lets every stalled and later kStall submission go on.
+  void release_stalls();
+
+  // Requests that were submitted and not yet reaped when a FaultBackend was destroyed, over
+  // all of them: a correct handle never destroys an engine the kernel still works for.
+  uint64_t abandoned_requests() const;
+  void note_abandoned(uint64_t requests);
+
  private:
   struct Entry {
     FaultRule rule;
@@ -76,12 +91,16 @@ class FaultInjector {
   };
   mutable std::mutex mutex_;
   std::vector<Entry> entries_;  // guarded by mutex_
+  std::condition_variable released_cv_;
+  bool released_ = false;   // guarded by mutex_
+  uint64_t abandoned_ = 0;  // guarded by mutex_
 };
 
 // Wraps `inner`, consulting `injector` for every prepped request.
 class FaultBackend final : public Backend {
  public:
   FaultBackend(std::unique_ptr<Backend> inner, std::shared_ptr<FaultInjector> injector);
+  ~FaultBackend() override;
 
   std::string_view name() const noexcept override;
   BackendCaps caps() const noexcept override { return inner_->caps(); }
@@ -90,19 +109,25 @@ class FaultBackend final : public Backend {
   int prep(const Request& request) override;
   int submit() override;
   int reap(std::span<Completion> out, unsigned min_complete) override;
+  int cancel() override { return inner_->cancel(); }
   int register_files(std::span<const int> fds) override { return inner_->register_files(fds); }
   int register_buffers(std::span<const iovec> buffers) override {
     return inner_->register_buffers(buffers);
   }
 
  private:
+  int reap_inner(std::span<Completion> out, unsigned min_complete);
+
   const std::unique_ptr<Backend> inner_;
   const std::shared_ptr<FaultInjector> injector_;
   const std::string name_;
   std::vector<Completion> synthetic_staged_;  // injected failures not yet "submitted"
   std::vector<Completion> synthetic_ready_;   // injected failures ready to be reaped
   std::chrono::microseconds pending_delay_{0};
-  int engine_error_ = 0;  // kEngine: positive errno the next reap() returns
+  int engine_error_ = 0;          // kEngine: positive errno the next reap() returns
+  uint32_t engine_failures_ = 0;  // kEngine: reap() calls still to fail with engine_error_
+  bool pending_stall_ = false;    // kStall: the next submit() waits for release_stalls()
+  uint64_t in_flight_ = 0;        // submitted (synthetic included), not yet reaped
 };
 
 // A factory building config.backend (or `inner`, when given) wrapped in a FaultBackend.

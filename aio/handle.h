@@ -26,16 +26,30 @@
 // one of them skip the kernel's per-request page pinning (IORING_OP_READ_FIXED/WRITE_FIXED).
 // Any other memory keeps working through the normal path; other backends ignore the call.
 //
-// If an engine itself fails (its ring or context, not one request), the worker tears it down
-// (waiting for what the kernel still holds) and fails every transfer it is given from then
-// on with an IoError saying so: make a new handle.
+// If an engine itself fails (its ring or context, not one request), the worker cancels what
+// the kernel still holds, reaps every one of those requests (retrying failed waits for as
+// long as it takes), then tears the engine down and fails the transfers it held. The handle
+// is then broken(): every later transfer, on any file, fails at once with an IoError naming
+// its own range and, in its text, the file, offset and length of the request in flight when
+// the engine broke (broken_reason()). Make a new handle.
+//
+// No hang: every wait for I/O (pread, pwrite, wait, wait_for) has a deadline of
+// config.io_timeout_s seconds from the moment it starts waiting. A transfer that has not
+// ended by then fails with an IoError (errno ETIMEDOUT) naming its file, offset and length,
+// the time waited and the deadline, and the handle becomes broken(): its workers stop
+// issuing and ask the kernel to cancel what it holds, and every later transfer fails at once.
+// The transfers the timed-out wait was waiting for are no longer the caller's to collect
+// (pending() drops them), but the kernel may still write their memory: the handle keeps its
+// own memory for them (transfer records, staging memory) until its destructor, and the
+// caller must keep their buffers valid until the handle is destroyed.
 //
 // Thread safety: all public methods may be called from any thread; async requests from
 // several threads share the handle's workers, and wait() waits for all of them, while
 // wait_for() waits only for the transfers whose tickets it is given. Buffers passed to
 // async_* must stay valid and untouched until the wait() or wait_for() collecting that
 // transfer returns. The destructor waits for in-flight requests (it never abandons memory
-// the kernel is still writing).
+// the kernel is still writing; on a broken handle it first asks the kernel to cancel them, and
+// still blocks until the kernel has returned each one).
 #pragma once
 
 #include <cstdint>
@@ -79,7 +93,8 @@ class AioHandle {
   const AioConfig& config() const noexcept;
   std::string_view backend_name() const noexcept;
 
-  // Synchronous transfer of `bytes` bytes; returns when all are done. Throws IoError.
+  // Synchronous transfer of `bytes` bytes; returns when all are done. Throws IoError, also
+  // when they are not done within io_timeout_s (the handle is then broken, see above).
   // Requests queued with async_* before this call are not waited for.
   void pread(void* buffer, uint64_t bytes, const std::string& path, uint64_t file_offset);
   void pwrite(const void* buffer, uint64_t bytes, const std::string& path, uint64_t file_offset);
@@ -95,6 +110,8 @@ class AioHandle {
   // Blocks until every queued async transfer has ended and collects them; returns how many
   // it collected. If any failed, all others are still waited for and then the first failure
   // is thrown. Transfers collected by wait_for() are neither counted nor reported again.
+  // If they have not all ended within io_timeout_s, throws the timeout IoError of the oldest
+  // one not ended; all of them leave pending() and the handle is broken (see above).
   int wait();
 
   // Blocks until the transfers with these tickets have ended, and collects them: afterwards
@@ -103,6 +120,8 @@ class AioHandle {
   // here and only here. A ticket already collected (by wait() or an earlier wait_for(),
   // which reported its outcome) is skipped. Throws std::invalid_argument, before waiting for
   // anything, for a ticket this handle never issued.
+  // Past io_timeout_s, throws the timeout IoError of the lowest ticket not ended; the waited
+  // transfers leave pending(), other tickets stay pending, and the handle is broken.
   // Other transfers keep running and are not waited for, so one handle can serve several
   // independent batches (each waiting for its own tickets from its own thread).
   void wait_for(uint64_t ticket);
@@ -131,6 +150,14 @@ class AioHandle {
   // Drops ranges registered earlier (matched by start and length; unknown ones are ignored).
   // Blocks like register_buffers(); afterwards no new request uses them.
   void unregister_buffers(std::span<const std::pair<void*, size_t>> ranges);
+
+  // Whether the handle is broken: its engine failed, or a wait timed out (see above). A
+  // broken handle fails every later transfer at once with an IoError that names its own
+  // range and repeats broken_reason(); upper layers replace it with a new handle.
+  bool broken() const;
+  // Why the handle broke (names the file, offset and length of the request it broke on);
+  // empty while it is not broken.
+  std::string broken_reason() const;
 
   // Closes cached file descriptors of `path` (e.g. before the file is deleted). Must not be
   // called while transfers on that path are in flight.

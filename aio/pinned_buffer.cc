@@ -21,12 +21,20 @@ std::mutex g_hooks_mutex;
 PinHooks g_hooks;  // guarded by g_hooks_mutex
 std::atomic<bool> g_mlock_warned{false};
 
+int lock_with_mlock(void* ptr, size_t bytes) { return mlock(ptr, bytes) == 0 ? 0 : errno; }
+
+std::atomic<MemoryLocker> g_locker{&lock_with_mlock};
+
 PinHooks current_hooks() {
   std::lock_guard<std::mutex> lock(g_hooks_mutex);
   return g_hooks;
 }
 
 }  // namespace
+
+MemoryLocker set_memory_locker(MemoryLocker locker) {
+  return g_locker.exchange(locker != nullptr ? locker : &lock_with_mlock);
+}
 
 void set_pin_hooks(PinHooks hooks) {
   std::lock_guard<std::mutex> lock(g_hooks_mutex);
@@ -46,10 +54,9 @@ PinnedBuffer::PinnedBuffer(size_t bytes) {
   data_ = static_cast<std::byte*>(ptr);
   size_ = bytes;
   capacity_ = capacity;
-  if (mlock(ptr, capacity) == 0) {
+  if (const int error = g_locker.load()(ptr, capacity); error == 0) {
     locked_ = true;
   } else {
-    const int error = errno;
     if (!g_mlock_warned.exchange(true)) {
       spdlog::warn(
           "aio: mlock of {} bytes failed ({}); pinned buffers stay usable but unlocked "

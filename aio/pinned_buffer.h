@@ -5,6 +5,9 @@
 // buffer stays usable, unlocked, and one warning line is logged per process.
 // Every buffer's capacity is charged to the process-wide pinned-memory budget
 // (aio/pinned_budget.h) while it lives.
+// The lock itself goes through a replaceable process-wide function (set_memory_locker), so
+// tests can force a refusal where a real mlock never fails (root has CAP_IPC_LOCK, which
+// ignores RLIMIT_MEMLOCK).
 // A process-wide PinHooks pair lets an accelerator register the same memory with its driver
 // (e.g. cudaHostRegister) right after allocation and unregister it before it is freed.
 //
@@ -31,6 +34,15 @@ struct PinHooks {
 // Replaces the process-wide hooks (empty functions = none). Buffers keep the hooks that were
 // current when they were created for their unpin call.
 void set_pin_hooks(PinHooks hooks);
+
+// Locks [ptr, ptr + bytes) in memory: returns 0, or a positive errno when refused.
+using MemoryLocker = int (*)(void* ptr, size_t bytes);
+
+// Replaces the function new buffers are locked with (nullptr: mlock(2), the default) and
+// returns the previous one. A test seam; thread-safe, but buffers being created on other
+// threads at the same moment may use either function. A buffer whose lock succeeded is
+// unlocked with munlock(2).
+MemoryLocker set_memory_locker(MemoryLocker locker);
 
 class PinnedBuffer {
  public:

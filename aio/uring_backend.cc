@@ -22,6 +22,9 @@
 #include <liburing.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "aio/backend.h"
@@ -30,8 +33,10 @@
 namespace zinf::aio {
 namespace {
 
-// Consecutive failed waits the destructor tolerates while draining (a broken ring).
-constexpr int kMaxDrainFailures = 16;
+// user_data of this engine's own cancel requests (request tags are slot indices).
+constexpr uint64_t kCancelTag = UINT64_MAX;
+// Failed waits the destructor retries at once before it waits 10 ms between attempts.
+constexpr int kDrainFailuresBeforeBackoff = 64;
 
 class UringBackend final : public Backend {
  public:
@@ -43,19 +48,28 @@ class UringBackend final : public Backend {
                     "io_uring is unavailable here; choose backend \"libaio\" or \"psync\"");
     }
   }
-  // Waits for the requests the kernel holds before the ring goes (closing the ring would
-  // only start their cancellation: memory they point to could still be written afterwards).
+  // Cancels the requests the kernel holds and waits until every one (and every cancel
+  // request) has completed before the ring goes: closing the ring would only start their
+  // cancellation, and memory they point to could still be written afterwards. A failing
+  // wait is retried, never taken as a reason to stop waiting.
   ~UringBackend() override {
+    if (in_kernel_ > 0) (void)cancel();
     int failures = 0;
-    while (in_kernel_ > 0 && failures < kMaxDrainFailures) {
+    while (in_kernel_ > 0 || cancels_in_kernel_ > 0) {
       io_uring_cqe* cqe = nullptr;
       const int rc = io_uring_wait_cqe(&ring_, &cqe);
       if (rc < 0) {
-        failures += rc == -EINTR ? 0 : 1;
+        if (rc != -EINTR && ++failures >= kDrainFailuresBeforeBackoff) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
         continue;
       }
+      if (io_uring_cqe_get_data64(cqe) == kCancelTag) {
+        --cancels_in_kernel_;
+      } else {
+        --in_kernel_;
+      }
       io_uring_cqe_seen(&ring_, cqe);
-      --in_kernel_;
     }
     io_uring_queue_exit(&ring_);
   }
@@ -98,6 +112,8 @@ class UringBackend final : public Backend {
     return rc;
   }
 
+  // Completions of this engine's cancel requests are consumed here, never returned: a call
+  // may return fewer than min_complete (even 0) when some of what it waited for were those.
   int reap(std::span<Completion> out, unsigned min_complete) override {
     if (out.empty()) return 0;
     if (min_complete > 0 && io_uring_cq_ready(&ring_) < min_complete) {
@@ -107,14 +123,37 @@ class UringBackend final : public Backend {
     }
     const unsigned want = out.size() < depth_ ? static_cast<unsigned>(out.size()) : depth_;
     const unsigned got = io_uring_peek_batch_cqe(&ring_, cqes_.data(), want);
+    unsigned n = 0;
     for (unsigned i = 0; i < got; ++i) {
-      out[i].tag = io_uring_cqe_get_data64(cqes_[i]);
-      out[i].result = cqes_[i]->res;
+      const uint64_t tag = io_uring_cqe_get_data64(cqes_[i]);
+      if (tag == kCancelTag) {
+        --cancels_in_kernel_;
+        continue;
+      }
+      out[n].tag = tag;
+      out[n].result = cqes_[i]->res;
+      ++n;
     }
     io_uring_cq_advance(&ring_, got);
-    outstanding_ -= got;
-    in_kernel_ -= got;
-    return static_cast<int>(got);
+    outstanding_ -= n;
+    in_kernel_ -= n;
+    return static_cast<int>(n);
+  }
+
+  // One IORING_OP_ASYNC_CANCEL matching every request (IORING_ASYNC_CANCEL_ANY, Linux 5.19;
+  // older kernels answer -EINVAL in its completion and the requests simply run to their end).
+  // Not sent while requests are staged: submitting it would hand those to the kernel too.
+  int cancel() override {
+    if (in_kernel_ == 0) return 0;
+    if (io_uring_sq_ready(&ring_) > 0) return -EBUSY;
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    if (sqe == nullptr) return -EBUSY;
+    io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
+    io_uring_sqe_set_data64(sqe, kCancelTag);
+    const int rc = io_uring_submit(&ring_);
+    if (rc < 0) return rc;
+    cancels_in_kernel_ += static_cast<unsigned>(rc);
+    return 0;
   }
 
   int register_files(std::span<const int> fds) override {
@@ -148,6 +187,7 @@ class UringBackend final : public Backend {
   std::vector<io_uring_cqe*> cqes_;  // scratch for peek_batch, sized depth_
   unsigned outstanding_ = 0;         // prepped and not yet reaped
   unsigned in_kernel_ = 0;           // submitted and not yet reaped
+  unsigned cancels_in_kernel_ = 0;   // cancel requests whose completion is not yet consumed
   bool files_registered_ = false;
   bool buffers_registered_ = false;
 };

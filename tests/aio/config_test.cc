@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -21,6 +23,7 @@ TEST(AioConfigTest, DefaultsAreValidAndMatchDeepSpeed) {
   EXPECT_FALSE(config.single_submit);
   EXPECT_TRUE(config.overlap_events);
   EXPECT_EQ(config.backend, BackendKind::kIoUring);
+  EXPECT_EQ(config.io_timeout_s, 300.0);  // zinf.io_timeout_s's default
 }
 
 TEST(AioConfigTest, ValidateNamesTheKey) {
@@ -47,6 +50,15 @@ TEST(AioConfigTest, ValidateNamesTheKey) {
   c = AioConfig{};
   c.intra_op_parallelism = 257;
   EXPECT_NE(message(c).find("intra_op_parallelism"), std::string::npos);
+  // A deadline is mandatory: 0 (no deadline), negative, NaN and infinite are refused.
+  for (double seconds : {0.0, -1.0, std::nan(""), std::numeric_limits<double>::infinity(), 2e9}) {
+    c = AioConfig{};
+    c.io_timeout_s = seconds;
+    EXPECT_NE(message(c).find("io_timeout_s"), std::string::npos) << seconds;
+  }
+  c = AioConfig{};
+  c.io_timeout_s = 0.001;
+  EXPECT_EQ(message(c), "");
 }
 
 TEST(AioConfigTest, BackendNamesRoundTrip) {

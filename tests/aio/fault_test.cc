@@ -286,6 +286,68 @@ TEST_P(FaultTest, BrokenEngineFailsItsTransfersAndLaterOnes) {
   }
 }
 
+// The engine breaks and its waits keep failing for a while (more than the 16 failed waits
+// after which the io_uring engine used to give up): the handle keeps reaping until the kernel
+// has returned every request before it destroys the engine, so no memory is released while
+// the kernel may still write it.
+TEST_P(FaultTest, BrokenEngineIsDrainedBeforeItIsDestroyed) {
+  config_.intra_op_parallelism = 1;
+  const std::string a = dir_.file("a.bin");
+  faults_->add(FaultRule{.op = Op::kWrite,
+                         .path = "a.bin",
+                         .nth = 2,
+                         .kind = FaultKind::kEngine,
+                         .error = EBADF,
+                         .reap_failures = 40});
+  {
+    AioHandle handle = make_handle();
+    handle.async_pwrite(data_.data(), data_.size(), a, 0);
+    EXPECT_THROW(handle.wait(), IoError);
+    EXPECT_EQ(faults_->fired(0), 1u);
+  }
+  EXPECT_EQ(faults_->abandoned_requests(), 0u);
+}
+
+// The error of the transfer that broke the engine, of every later transfer (on any file), and
+// broken_reason() all name the file and offset of the request in flight when it broke.
+TEST_P(FaultTest, BrokenEngineErrorsNameTheRequestThatBrokeIt) {
+  config_.intra_op_parallelism = 1;
+  config_.queue_depth = 1;  // one request in flight: the one that broke the engine
+  const std::string a = dir_.file("a.bin");
+  const std::string b = dir_.file("b.bin");
+  const uint64_t breaking_offset = 2 * kBlockSize;
+  faults_->add(FaultRule{
+      .op = Op::kWrite, .path = "a.bin", .nth = 3, .kind = FaultKind::kEngine, .error = EBADF});
+  AioHandle handle = make_handle();
+  EXPECT_FALSE(handle.broken());
+  const std::string names_it = "'" + a + "' at offset " + std::to_string(breaking_offset);
+  try {
+    handle.pwrite(data_.data(), data_.size(), a, 0);
+    FAIL() << "the broken engine was not reported";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.path(), a);
+    EXPECT_EQ(e.offset(), breaking_offset);
+    EXPECT_NE(std::string(e.what()).find(names_it), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(handle.broken());
+  EXPECT_NE(handle.broken_reason().find(names_it), std::string::npos) << handle.broken_reason();
+  std::vector<std::byte> back(4096);
+  for (int round = 0; round < 2; ++round) {
+    try {
+      if (round == 0) {
+        handle.pwrite(data_.data(), 4096, b, 8192);
+      } else {
+        handle.async_pread(back.data(), back.size(), b, 0);
+        handle.wait();
+      }
+      FAIL() << "a transfer on a broken handle succeeded";
+    } catch (const IoError& e) {
+      EXPECT_EQ(e.path(), b);
+      EXPECT_NE(std::string(e.what()).find(names_it), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(FaultInjectorTest, MatchesByOpPathOffsetAndCount) {
   FaultInjector injector;
   injector.add(FaultRule{

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <filesystem>
 #include <memory>
@@ -336,6 +337,38 @@ TEST_P(HandleTest, MissingFileFailsToOpenForRead) {
   EXPECT_THROW(handle.wait(), IoError);
   EXPECT_EQ(handle.pending(), 0);
   EXPECT_EQ(file_size(other), data.size());
+}
+
+// A transfer that fails before it starts (its file cannot be opened) is done at once. A wait()
+// looping on another thread may collect and free it the moment it is queued: async_pread must
+// not touch it afterwards (a heap use-after-free under AddressSanitizer before the fix).
+TEST_P(HandleTest, FailedAsyncTransferRacingAWaitLoop) {
+  ASSERT_TRUE(dir_.ok());
+  AioHandle handle(config(2));
+  const std::string missing = dir_.file("missing");
+  constexpr int kIterations = 20000;
+  std::atomic<bool> submitting{true};
+  std::atomic<int> failures{0};
+  std::string wrong_error;  // written by the waiter only, read after join
+  std::thread waiter([&] {
+    for (;;) {
+      const bool last = !submitting.load(std::memory_order_acquire);
+      try {
+        handle.wait();
+      } catch (const IoError& e) {
+        failures.fetch_add(1, std::memory_order_relaxed);
+        if (e.path() != missing || e.error() != ENOENT) wrong_error = e.what();
+      }
+      if (last) return;
+    }
+  });
+  std::byte b[16];
+  for (int i = 0; i < kIterations; ++i) handle.async_pread(b, sizeof(b), missing, 0);
+  submitting.store(false, std::memory_order_release);
+  waiter.join();
+  EXPECT_EQ(wrong_error, "");
+  EXPECT_GE(failures.load(), 1);
+  EXPECT_EQ(handle.pending(), 0);
 }
 
 // tmpfs refuses O_DIRECT before Linux 6.6 and accepts it since: either way transfers work,

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <stdexcept>
 #include <utility>
@@ -87,8 +88,12 @@ TEST_F(PinnedBufferTest, ThrowingPinHookReleasesAndPropagates) {
 }
 
 TEST_F(PinnedBufferTest, LargeBufferStaysUsableWhenLockIsRefused) {
-  // Larger than the usual 8 MiB RLIMIT_MEMLOCK: mlock may fail, the buffer must still work.
+  // The refusal is forced: as root (CAP_IPC_LOCK) or with an unlimited RLIMIT_MEMLOCK a real
+  // mlock never fails, so this test could not fail there without it.
+  const MemoryLocker previous = set_memory_locker([](void*, size_t) -> int { return EPERM; });
   PinnedBuffer buffer(64u << 20);
+  set_memory_locker(previous);
+  EXPECT_FALSE(buffer.locked());
   ASSERT_NE(buffer.data(), nullptr);
   buffer.data()[buffer.size() - 1] = std::byte{42};
   EXPECT_EQ(buffer.data()[buffer.size() - 1], std::byte{42});
