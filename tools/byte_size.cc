@@ -104,13 +104,14 @@ std::string format_bytes(uint64_t bytes) {
     ++unit;
   }
   if (unit == 0 || bytes % scale == 0) return fmt::format("{} {}", bytes / scale, kNames[unit]);
-  // Two decimals only when they are exact (1.50 GiB, 1.25 MiB); otherwise the bytes, so that
-  // 4095 never reads as "4.00 KiB".
-  if ((bytes % scale) * 100 % scale == 0) {
-    return fmt::format("{:.2f} {}", static_cast<double>(bytes) / static_cast<double>(scale),
-                       kNames[unit]);
-  }
-  return fmt::format("{} B", bytes);
+  // Two decimals alone only when they are exact (1.50 GiB, 1.25 MiB). Otherwise the exact
+  // bytes, so that 4095 never reads as "4.00 KiB"; from 1 MiB on with the rounded value
+  // first, which is what a person reads ("953.67 MiB (1000000000 B)").
+  const std::string rounded = fmt::format(
+      "{:.2f} {}", static_cast<double>(bytes) / static_cast<double>(scale), kNames[unit]);
+  if ((bytes % scale) * 100 % scale == 0) return rounded;
+  if (unit < 2) return fmt::format("{} B", bytes);
+  return fmt::format("{} ({} B)", rounded, bytes);
 }
 
 }  // namespace zinf::tools

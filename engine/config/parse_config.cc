@@ -660,6 +660,7 @@ void parse_zinf(JsonBlock& top, RunConfig& c) {
 
   c.zero.swap_checksums = z.swap_checksums;
   c.zero.pinned_memory_limit = z.pinned_memory_limit_bytes;
+  c.zero.aio.io_timeout_s = z.io_timeout_s;  // parse_aio ran first: the aio block has no such key
   c.zero.comm_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(z.comm_timeout_s * 1000.0 + 0.5));
 }

@@ -588,10 +588,12 @@ TEST(ParseConfigTest, ZinfObject) {
   EXPECT_DOUBLE_EQ(c.zinf.comm_timeout_s, 12.5);
   EXPECT_EQ(c.zero.comm_timeout.count(), 12'500);
   EXPECT_DOUBLE_EQ(c.zinf.io_timeout_s, 60.0);
+  EXPECT_DOUBLE_EQ(c.zero.aio.io_timeout_s, 60.0);  // reaches every aio handle
   EXPECT_EQ(c.zinf.nvme_paths, (std::vector<std::string>{"/n0", "/n1"}));
   EXPECT_FALSE(c.zinf.swap_checksums);
   EXPECT_FALSE(c.zero.swap_checksums);
   EXPECT_EQ(c.zinf.pinned_memory_limit_bytes, 2ull << 30);
+  EXPECT_EQ(c.zero.pinned_memory_limit, 2ull << 30);
   EXPECT_EQ(c.zinf.threads, 2);
   EXPECT_EQ(c.zinf.comm_backend, "gloo");
 

@@ -43,11 +43,12 @@ TEST(ByteSize, Formats) {
   EXPECT_EQ(format_bytes(uint64_t{3} << 29), "1.50 GiB");
 }
 
-// A value that is not exact in the unit is printed in bytes: 4095 is not "4.00 KiB".
+// A value that is not exact in the unit is printed in bytes (4095 is not "4.00 KiB"), from
+// 1 MiB on after the rounded value.
 TEST(ByteSize, FormatsInexactValuesInBytes) {
   EXPECT_EQ(format_bytes(4095), "4095 B");
   EXPECT_EQ(format_bytes(4097), "4097 B");
-  EXPECT_EQ(format_bytes(1'000'000'000), "1000000000 B");
+  EXPECT_EQ(format_bytes(1'000'000'000), "953.67 MiB (1000000000 B)");
   EXPECT_EQ(format_bytes(uint64_t{5} << 40), "5 TiB");
   EXPECT_EQ(format_bytes(1536), "1.50 KiB");
   EXPECT_EQ(format_bytes(0), "0 B");
