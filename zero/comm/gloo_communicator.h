@@ -20,13 +20,28 @@
 //                          views of `recv` (c10d stages one flat copy of the result); kRing is a
 //                          ring on our Gloo context that sends and receives straight into
 //                          `recv` (W-1 steps, nothing staged). kAuto = kRing (figures below).
+//                          c10d's Gloo moves no bf16: bf16 goes through c10d as fp16 bits.
 //   reduce_scatter         options.gloo_reduce_scatter: kRing is a ring reduce-scatter on our
 //                          Gloo context, (W-1)/W of the data sent per rank, two chunk-sized
 //                          staging buffers; kAllReduce copies `send`, c10d-all_reduces the copy
 //                          and keeps this rank's slice (twice the traffic, W*count staged).
-//                          kAuto = kRing: measured on loopback (tests/comm/gloo_bench.cc,
-//                          fp32, 5 reps, median ms per call, 2 cores shared by the ranks):
-//                            see MEASURED below.
+//                          kAuto = kRing for both, from the figures below.
+//
+// Measured (median ms per call, fp32, count elements per rank, loopback, every rank on one
+// 2-core machine under a load average of about 8; two runs, 5 and 9 reps; counts of 4K-64K
+// are noise-dominated and flip between runs, so only the larger ones are listed):
+// clang-format off
+//   W  count  reduce_scatter: ring | all_reduce+slice    all_gather: ring | c10d
+//   2  1M                  6.6, 9.6 | 15.4, 15.7                  6.1, 6.0 | 5.7, 10.9
+//   2  4M                47.9, 63.5 | 158.2, 176.8              35.6, 54.3 | 81.0, 127.7
+//   3  1M               22.5, 27.8 | 35.0, 36.3               12.5, 14.6 | 18.2, 22.1
+//   3  4M               79.9, 87.9 | 261.6, 282.5             58.3, 60.4 | 217.4, 266.0
+// clang-format on
+// The ring reduce-scatter sends half the bytes of all_reduce+slice and stages two chunks
+// instead of a full copy; the ring all_gather skips c10d's staged flat copy. Reproduce:
+//   comm_gloo_test --gtest_also_run_disabled_tests --gtest_filter='GlooBench.*'
+// (ZINF_BENCH_REPS=n sets the repetitions).
+//
 // Reductions of bf16 and fp16 on the ring are done per element in fp32 and rounded back
 // once per ring step (W-1 roundings); c10d reduces fp16 in fp16. fp32, fp64 and int64 are
 // exact as their own type's arithmetic.
