@@ -3,6 +3,7 @@
 #include <memory>
 #include <string>
 
+#include "zero/comm/gloo_communicator.h"
 #include "zero/comm/single_communicator.h"
 
 namespace zinf::zero {
@@ -27,6 +28,9 @@ std::unique_ptr<Communicator> make_communicator(const LaunchEnv& env, const Comm
                           ") says " + std::to_string(env.world_size));
     }
     return std::make_unique<SingleCommunicator>(options.timeout);
+  }
+  if (backend == "gloo" || backend == "auto") {
+    return std::make_unique<GlooCommunicator>(env, options);
   }
   throw CommError("make_communicator", env.rank,
                   "backend \"" + backend + "\" is not built in this revision yet");

@@ -1,0 +1,265 @@
+// Multi-rank tests on loopback: a test launches N ranks of its own executable, each running
+// one (usually DISABLED_) test case with the torchrun-style variables RANK, WORLD_SIZE,
+// LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and MASTER_PORT=<a free port> in its
+// environment, and collects each rank's exit status and output.
+//
+//   if (is_child_rank()) GTEST_SKIP();    // only in tests that must not recurse
+//   RanksOptions o; o.world_size = 3; o.test = "GlooChild.DISABLED_Collectives";
+//   std::vector<RankResult> r = run_ranks(o);
+//
+// A rank that is still running at the deadline is killed (SIGKILL) and reported with
+// timed_out = true; run_ranks never waits longer than the deadline (children are watched
+// through pidfds and poll, not by sleeping). Output of each rank goes to a file in a
+// temporary directory and is read back into RankResult::output.
+//
+// Thread safety: run_ranks forks; call it from the test's main thread while no other test
+// thread runs.
+#pragma once
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tests/common/temp_dir.h"
+
+extern char** environ;
+
+namespace zinf::testing {
+
+// Set in every rank run_ranks starts.
+inline constexpr const char* kChildRankVariable = "ZINF_TEST_CHILD_RANK";
+
+// Whether this process is a rank started by run_ranks.
+inline bool is_child_rank() { return std::getenv(kChildRankVariable) != nullptr; }
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released).
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    ADD_FAILURE() << "socket: " << std::strerror(errno);
+    return 0;
+  }
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof(address);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    ADD_FAILURE() << "bind/getsockname on 127.0.0.1:0: " << std::strerror(errno);
+  } else {
+    port = ntohs(address.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+struct RanksOptions {
+  int world_size = 2;
+  // The ranks to start; empty: all of [0, world_size). Leaving one out makes it "never
+  // arrive".
+  std::vector<int> ranks;
+  // The gtest test each rank runs ("Suite.DISABLED_Name"; disabled tests are allowed).
+  std::string test;
+  // Every rank is killed when this passes.
+  std::chrono::milliseconds deadline{60'000};
+  // Extra NAME=VALUE variables for every rank.
+  std::vector<std::pair<std::string, std::string>> env;
+};
+
+struct RankResult {
+  int rank = -1;
+  bool exited = false;  // exited normally (exit_code is valid)
+  int exit_code = -1;
+  int signal = 0;          // the signal that ended it, when !exited
+  bool timed_out = false;  // still running at the deadline, killed by run_ranks
+  double seconds = 0;      // from start to exit
+  std::string output;      // stdout and stderr
+
+  bool passed() const { return exited && exit_code == 0; }
+};
+
+// "rank 1: exit 1 after 0.53 s" and the rank's output, for failure messages.
+inline std::string describe(const RankResult& r) {
+  std::ostringstream text;
+  text << "rank " << r.rank << ": ";
+  if (r.timed_out) {
+    text << "killed at the deadline";
+  } else if (r.exited) {
+    text << "exit " << r.exit_code;
+  } else {
+    text << "signal " << r.signal;
+  }
+  text << " after " << r.seconds << " s\n--- output of rank " << r.rank << " ---\n"
+       << r.output << "--- end of rank " << r.rank << " ---\n";
+  return text.str();
+}
+
+inline std::vector<RankResult> run_ranks(const RanksOptions& options) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<int> ranks = options.ranks;
+  if (ranks.empty()) {
+    for (int i = 0; i < options.world_size; ++i) {
+      ranks.push_back(i);
+    }
+  }
+  std::vector<RankResult> results(ranks.size());
+  TempDir dir;
+  if (!dir.ok()) {
+    return results;
+  }
+  char exe[4096];
+  const ssize_t exe_length = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (exe_length <= 0) {
+    ADD_FAILURE() << "readlink /proc/self/exe: " << std::strerror(errno);
+    return results;
+  }
+  exe[exe_length] = '\0';
+  const int port = free_port();
+
+  // The environment of every rank: ours without launcher variables, plus the rank's own.
+  const std::vector<std::string> dropped{
+      "RANK=",        "WORLD_SIZE=",  "LOCAL_RANK=",   "LOCAL_WORLD_SIZE=",
+      "MASTER_ADDR=", "MASTER_PORT=", "TORCHELASTIC_", "OMPI_COMM_WORLD_",
+      "SLURM_",       "GTEST_"};
+  std::vector<std::string> base;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry(*e);
+    bool drop = false;
+    for (const std::string& prefix : dropped) {
+      drop = drop || entry.rfind(prefix, 0) == 0;
+    }
+    if (!drop) {
+      base.push_back(entry);
+    }
+  }
+  base.push_back("WORLD_SIZE=" + std::to_string(options.world_size));
+  base.push_back("LOCAL_WORLD_SIZE=" + std::to_string(options.world_size));
+  base.push_back("MASTER_ADDR=127.0.0.1");
+  base.push_back("MASTER_PORT=" + std::to_string(port));
+  for (const auto& [name, value] : options.env) {
+    base.push_back(name + "=" + value);
+  }
+  const std::string filter = "--gtest_filter=" + options.test;
+
+  const Clock::time_point start = Clock::now();
+  std::vector<pid_t> pids(ranks.size(), -1);
+  std::vector<int> pidfds(ranks.size(), -1);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    results[i].rank = ranks[i];
+    std::vector<std::string> env = base;
+    env.push_back("RANK=" + std::to_string(ranks[i]));
+    env.push_back("LOCAL_RANK=" + std::to_string(ranks[i]));
+    env.push_back(std::string(kChildRankVariable) + "=" + std::to_string(ranks[i]));
+    std::vector<char*> envp;
+    for (std::string& entry : env) {
+      envp.push_back(entry.data());
+    }
+    envp.push_back(nullptr);
+    std::string arg0(exe);
+    std::string arg2("--gtest_also_run_disabled_tests");
+    std::string arg1 = filter;
+    char* argv[] = {arg0.data(), arg1.data(), arg2.data(), nullptr};
+    const std::string log = dir.file("rank" + std::to_string(ranks[i]) + ".log");
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      ADD_FAILURE() << "fork: " << std::strerror(errno);
+      break;
+    }
+    if (pid == 0) {
+      // Child: only async-signal-safe calls until exec.
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        ::dup2(fd, STDOUT_FILENO);
+        ::dup2(fd, STDERR_FILENO);
+      }
+      ::execve(exe, argv, envp.data());
+      ::_exit(127);
+    }
+    pids[i] = pid;
+    pidfds[i] = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    if (pidfds[i] < 0) {
+      ADD_FAILURE() << "pidfd_open: " << std::strerror(errno);
+    }
+  }
+
+  // Watch the children until all have exited or the deadline passes.
+  const Clock::time_point deadline = start + options.deadline;
+  size_t running = 0;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    running += pids[i] > 0 ? 1 : 0;
+  }
+  while (running > 0) {
+    std::vector<pollfd> fds;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (pids[i] > 0 && pidfds[i] >= 0) {
+        fds.push_back(pollfd{pidfds[i], POLLIN, 0});
+        which.push_back(i);
+      }
+    }
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0 || fds.empty()) {
+      break;
+    }
+    const int ready = ::poll(fds.data(), fds.size(), static_cast<int>(left));
+    if (ready < 0 && errno != EINTR) {
+      ADD_FAILURE() << "poll: " << std::strerror(errno);
+      break;
+    }
+    for (size_t k = 0; k < fds.size(); ++k) {
+      if ((fds[k].revents & POLLIN) == 0) {
+        continue;
+      }
+      const size_t i = which[k];
+      int status = 0;
+      if (::waitpid(pids[i], &status, 0) == pids[i]) {
+        results[i].seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        results[i].exited = WIFEXITED(status);
+        results[i].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        results[i].signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+      }
+      ::close(pidfds[i]);
+      pidfds[i] = -1;
+      pids[i] = -1;
+      --running;
+    }
+  }
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (pids[i] > 0) {
+      ::kill(pids[i], SIGKILL);
+      int status = 0;
+      ::waitpid(pids[i], &status, 0);
+      results[i].timed_out = true;
+      results[i].seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    }
+    if (pidfds[i] >= 0) {
+      ::close(pidfds[i]);
+    }
+    std::ifstream in(dir.file("rank" + std::to_string(ranks[i]) + ".log"));
+    std::ostringstream text;
+    text << in.rdbuf();
+    results[i].output = text.str();
+  }
+  return results;
+}
+
+}  // namespace zinf::testing
