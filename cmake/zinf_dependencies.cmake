@@ -44,3 +44,33 @@ else()
   message(STATUS "zinf: CUDA toolkit not found; CUDA pieces are skipped")
   set(ZINF_HAVE_CUDA OFF)
 endif()
+
+# NCCL: its C API is called from plain C++ like the CUDA runtime. NCCL ships no CMake config;
+# the header and library sit in the CUDA toolkit's folders here (/usr/local/cuda/include/nccl.h,
+# /usr/local/cuda/lib64/libnccl.so). ZINF_WITH_NCCL=OFF builds without it even when found.
+option(ZINF_WITH_NCCL "Build the NCCL communicator when CUDA and NCCL are found" ON)
+set(ZINF_HAVE_NCCL OFF)
+if(ZINF_WITH_NCCL AND ZINF_HAVE_CUDA)
+  find_path(ZINF_NCCL_INCLUDE_DIR nccl.h
+            HINTS ${CUDAToolkit_INCLUDE_DIRS} ${CUDAToolkit_TARGET_DIR}/include
+                  /usr/local/cuda/include)
+  find_library(ZINF_NCCL_LIBRARY NAMES nccl
+               HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_TARGET_DIR}/lib64
+                     /usr/local/cuda/lib64)
+  if(ZINF_NCCL_INCLUDE_DIR AND ZINF_NCCL_LIBRARY)
+    file(STRINGS "${ZINF_NCCL_INCLUDE_DIR}/nccl.h" _zinf_nccl_version
+         REGEX "^#define NCCL_(MAJOR|MINOR|PATCH) ")
+    string(REGEX REPLACE "[^0-9;]" "" _zinf_nccl_version "${_zinf_nccl_version}")
+    string(REPLACE ";" "." _zinf_nccl_version "${_zinf_nccl_version}")
+    message(STATUS "zinf: NCCL ${_zinf_nccl_version} found (${ZINF_NCCL_LIBRARY}); the NCCL "
+                   "communicator is built")
+    add_library(zinf_nccl INTERFACE)
+    target_link_libraries(zinf_nccl INTERFACE ${ZINF_NCCL_LIBRARY} CUDA::cudart)
+    target_include_directories(zinf_nccl SYSTEM INTERFACE ${ZINF_NCCL_INCLUDE_DIR})
+    set(ZINF_HAVE_NCCL ON)
+  else()
+    message(STATUS "zinf: NCCL not found; the NCCL communicator is skipped")
+  endif()
+elseif(ZINF_WITH_NCCL)
+  message(STATUS "zinf: no CUDA toolkit; the NCCL communicator is skipped")
+endif()

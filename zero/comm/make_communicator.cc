@@ -4,11 +4,18 @@
 #include <string>
 
 #include "zero/comm/gloo_communicator.h"
+#include "zero/comm/nccl_communicator.h"
 #include "zero/comm/single_communicator.h"
 
 namespace zinf::zero {
 
-bool nccl_available() noexcept { return false; }
+bool nccl_available() noexcept {
+#ifdef ZINF_HAVE_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
 
 std::unique_ptr<Communicator> make_communicator(const LaunchEnv& env, const CommOptions& options) {
   const std::string& backend = options.backend;
@@ -32,8 +39,8 @@ std::unique_ptr<Communicator> make_communicator(const LaunchEnv& env, const Comm
   if (backend == "gloo" || backend == "auto") {
     return std::make_unique<GlooCommunicator>(env, options);
   }
-  throw CommError("make_communicator", env.rank,
-                  "backend \"" + backend + "\" is not built in this revision yet");
+  // backend == "nccl"; without NCCL the constructor throws, saying so.
+  return std::make_unique<NcclCommunicator>(env, options);
 }
 
 }  // namespace zinf::zero

@@ -1,0 +1,457 @@
+// NcclCommunicator.
+//   - NcclFactory.*: make_communicator with backend "nccl" where it cannot run (zinf built
+//     without NCCL, or no usable CUDA device) throws a CommError that says why, before any
+//     rendezvous. Runs everywhere; with a device, an out-of-range device is the error.
+//   - NcclCommunicator.*: need CUDA devices and skip with the reason (the CUDA runtime's
+//     error text) without them. Each launches ranks of this executable
+//     (tests/common/multi_process.h) running one DISABLED_ NcclRank case on device
+//     LOCAL_RANK: 1 rank on one device, 2 ranks when there are 2 devices (every collective
+//     and dtype against a reference computed locally, odd counts, in-place all_gather,
+//     several collectives in flight), and a killed rank (the other fails within the timeout
+//     naming the collective, and its broken communicator refuses later calls at once).
+#include "zero/comm/nccl_communicator.h"
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/common/multi_process.h"
+#include "tests/common/seed.h"
+#include "zero/comm/launch_env.h"
+#include "zero/comm/make_communicator.h"
+
+#ifdef ZINF_HAVE_NCCL
+#include <cuda_runtime_api.h>
+#endif
+
+namespace zinf::zero {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------------------------------------
+// Runs everywhere
+
+// Throws what make_communicator throws for `options` in a world of `world` ranks whose
+// store nobody serves (so a rendezvous, if attempted, could only time out).
+CommError nccl_error(CommOptions options, int world) {
+  LaunchEnv env;
+  env.world_size = world;
+  env.rank = world - 1;
+  env.local_rank = env.rank;
+  env.local_world_size = world;
+  if (world > 1) {
+    env.master_addr = "127.0.0.1";
+    env.master_port = testing::free_port();
+    env.launcher = "env";
+  }
+  options.backend = "nccl";
+  try {
+    std::unique_ptr<Communicator> comm = make_communicator(env, options);
+  } catch (const CommError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "make_communicator(\"nccl\") succeeded";
+  return CommError("none", -1, "none");
+}
+
+TEST(NcclFactory, UnusableBackendGivesClearErrorBeforeRendezvous) {
+  if (testing::is_child_rank()) {
+    GTEST_SKIP();
+  }
+  CommOptions options;
+  options.timeout = std::chrono::seconds(30);
+  for (int world : {1, 2}) {
+    SCOPED_TRACE("world size " + std::to_string(world));
+    std::string expected;
+    if (!nccl_available()) {
+      expected = "zinf was built without NCCL";
+      EXPECT_EQ(nccl_unavailable_reason().rfind(expected, 0), 0u) << nccl_unavailable_reason();
+      EXPECT_EQ(nccl_device_count(), 0);
+    } else if (const std::string reason = nccl_unavailable_reason(); !reason.empty()) {
+      // No device here: the error carries the CUDA runtime's own text.
+      expected = reason.substr(reason.find("cudaGetDeviceCount"));
+      EXPECT_EQ(nccl_device_count(), 0);
+    } else {
+      options.cuda_device = 4096;
+      expected = "CUDA device 4096 does not exist";
+    }
+    const CommError e = nccl_error(options, world);
+    std::cout << "make_communicator(\"nccl\"): " << e.what() << std::endl;
+    // Refused before the rendezvous (which could only time out: nobody serves the store).
+    EXPECT_EQ(e.op(), "make_communicator") << e.what();
+    EXPECT_EQ(e.rank(), world - 1);
+    EXPECT_NE(std::string(e.what()).find(expected), std::string::npos)
+        << e.what() << "\nexpected to contain: " << expected;
+    EXPECT_NE(std::string(e.what()).find("nccl"), std::string::npos) << e.what();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rank bodies (need a CUDA device; run only inside ranks started by run_ranks)
+
+#ifdef ZINF_HAVE_NCCL
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? std::string(value) : fallback;
+}
+
+// A small integer in [-8, 8] for (rank, index, salt): sums over the ranks stay exact in every
+// dtype, so results compare exactly.
+int64_t small_value(uint64_t seed, int rank, size_t index, uint64_t salt) {
+  uint64_t x = seed ^ (static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull) ^
+               (static_cast<uint64_t>(index) * 0xBF58476D1CE4E5B9ull) ^ (salt << 32);
+  x ^= x >> 31;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 29;
+  return static_cast<int64_t>(x % 17) - 8;
+}
+
+void cuda_ok(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
+  }
+}
+
+// A typed flat buffer on the host and its copy on the current CUDA device.
+class Buffer {
+ public:
+  Buffer(DType dtype, size_t count) : dtype_(dtype), host_(count * dtype_size(dtype)) {
+    void* p = nullptr;
+    cuda_ok(cudaMalloc(&p, std::max<size_t>(host_.size(), 1)), "cudaMalloc");
+    device_ = static_cast<unsigned char*>(p);
+  }
+  ~Buffer() { cudaFree(device_); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* device() { return device_; }
+  size_t count() const { return host_.size() / dtype_size(dtype_); }
+  void upload() {
+    cuda_ok(cudaMemcpy(device_, host_.data(), host_.size(), cudaMemcpyHostToDevice),
+            "cudaMemcpy to device");
+  }
+  void download() {
+    cuda_ok(cudaMemcpy(host_.data(), device_, host_.size(), cudaMemcpyDeviceToHost),
+            "cudaMemcpy to host");
+  }
+
+  void set(size_t i, int64_t v) {
+    unsigned char* p = host_.data() + i * dtype_size(dtype_);
+    switch (dtype_) {
+      case DType::kFloat32: {
+        const float f = static_cast<float>(v);
+        std::memcpy(p, &f, sizeof(f));
+        break;
+      }
+      case DType::kFloat64: {
+        const double d = static_cast<double>(v);
+        std::memcpy(p, &d, sizeof(d));
+        break;
+      }
+      case DType::kInt64:
+        std::memcpy(p, &v, sizeof(v));
+        break;
+      case DType::kBFloat16: {
+        const c10::BFloat16 b(static_cast<float>(v));
+        std::memcpy(p, &b, sizeof(b));
+        break;
+      }
+      case DType::kFloat16: {
+        const c10::Half h(static_cast<float>(v));
+        std::memcpy(p, &h, sizeof(h));
+        break;
+      }
+    }
+  }
+
+  double get(size_t i) const {
+    const unsigned char* p = host_.data() + i * dtype_size(dtype_);
+    switch (dtype_) {
+      case DType::kFloat32: {
+        float f;
+        std::memcpy(&f, p, sizeof(f));
+        return f;
+      }
+      case DType::kFloat64: {
+        double d;
+        std::memcpy(&d, p, sizeof(d));
+        return d;
+      }
+      case DType::kInt64: {
+        int64_t v;
+        std::memcpy(&v, p, sizeof(v));
+        return static_cast<double>(v);
+      }
+      case DType::kBFloat16: {
+        c10::BFloat16 b;
+        std::memcpy(&b, p, sizeof(b));
+        return static_cast<float>(b);
+      }
+      case DType::kFloat16: {
+        c10::Half h;
+        std::memcpy(&h, p, sizeof(h));
+        return static_cast<float>(h);
+      }
+    }
+    return 0;
+  }
+
+ private:
+  DType dtype_;
+  std::vector<unsigned char> host_;
+  unsigned char* device_ = nullptr;
+};
+
+template <typename Want>
+void expect_values(const Buffer& got, Want want, const std::string& what) {
+  int reported = 0;
+  for (size_t i = 0; i < got.count() && reported < 5; ++i) {
+    if (got.get(i) != want(i)) {
+      ADD_FAILURE() << what << ": element " << i << " is " << got.get(i) << ", expected "
+                    << want(i);
+      ++reported;
+    }
+  }
+}
+
+std::unique_ptr<Communicator> make_rank_communicator() {
+  CommOptions options;
+  options.backend = "nccl";
+  options.timeout = std::chrono::milliseconds(std::stoll(env_or("ZINF_TEST_TIMEOUT_MS", "60000")));
+  return make_communicator(detect_launch_env(), options);
+}
+
+TEST(NcclRank, DISABLED_Collectives) {
+  const uint64_t seed = testing::test_seed();
+  ZINF_TRACE_SEED(seed);
+  std::unique_ptr<Communicator> comm = make_rank_communicator();
+  const int rank = comm->rank();
+  const int world = comm->world_size();
+  EXPECT_EQ(comm->backend(), "nccl");
+  cuda_ok(cudaSetDevice(dynamic_cast<NcclCommunicator&>(*comm).device()), "cudaSetDevice");
+  const DType dtypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kFloat64,
+                          DType::kInt64};
+  const size_t counts[] = {1, 7, 1001, 65537};
+  uint64_t salt = 0;
+  for (DType dtype : dtypes) {
+    for (size_t count : counts) {
+      SCOPED_TRACE(std::string(to_string(dtype)) + " count " + std::to_string(count));
+      const size_t total = count * static_cast<size_t>(world);
+      salt += 8;
+      auto value = [&](int r, size_t i, uint64_t k) { return small_value(seed, r, i, salt + k); };
+      auto sum_over_ranks = [&](size_t i, uint64_t k) {
+        int64_t s = 0;
+        for (int r = 0; r < world; ++r) {
+          s += value(r, i, k);
+        }
+        return static_cast<double>(s);
+      };
+      auto max_over_ranks = [&](size_t i, uint64_t k) {
+        int64_t m = value(0, i, k);
+        for (int r = 1; r < world; ++r) {
+          m = std::max(m, value(r, i, k));
+        }
+        return static_cast<double>(m);
+      };
+
+      Buffer gather_send(dtype, count);
+      Buffer gather_recv(dtype, total);
+      Buffer in_place(dtype, total);
+      Buffer scatter_send(dtype, total);
+      Buffer scatter_sum(dtype, count);
+      Buffer scatter_max(dtype, count);
+      Buffer reduce_sum(dtype, count);
+      Buffer reduce_max(dtype, count);
+      Buffer bcast(dtype, count);
+      for (size_t i = 0; i < count; ++i) {
+        gather_send.set(i, value(rank, i, 0));
+        in_place.set(static_cast<size_t>(rank) * count + i, value(rank, i, 1));
+        reduce_sum.set(i, value(rank, i, 3));
+        reduce_max.set(i, value(rank, i, 4));
+        bcast.set(i, value(rank, i, 5));
+      }
+      for (size_t i = 0; i < total; ++i) {
+        scatter_send.set(i, value(rank, i, 2));
+      }
+      for (Buffer* b : {&gather_send, &in_place, &scatter_send, &reduce_sum, &reduce_max, &bcast}) {
+        b->upload();
+      }
+      // The communicator's stream does not wait for other streams: the data must be on the
+      // device before the collectives are issued.
+      cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+
+      // Several collectives in flight at once, waited for at the end.
+      std::vector<WorkPtr> works;
+      works.push_back(comm->all_gather(gather_send.device(), gather_recv.device(), count, dtype));
+      works.push_back(comm->all_gather(static_cast<char*>(in_place.device()) +
+                                           static_cast<size_t>(rank) * count * dtype_size(dtype),
+                                       in_place.device(), count, dtype));
+      works.push_back(
+          comm->reduce_scatter(scatter_send.device(), scatter_sum.device(), count, dtype));
+      works.push_back(comm->reduce_scatter(scatter_send.device(), scatter_max.device(), count,
+                                           dtype, ReduceOp::kMax));
+      works.push_back(comm->all_reduce(reduce_sum.device(), count, dtype));
+      works.push_back(comm->all_reduce(reduce_max.device(), count, dtype, ReduceOp::kMax));
+      works.push_back(comm->broadcast(bcast.device(), count, dtype, world - 1));
+      works.push_back(comm->barrier());
+      for (WorkPtr& work : works) {
+        work->wait();
+        EXPECT_TRUE(work->completed());
+      }
+      for (Buffer* b : {&gather_recv, &in_place, &scatter_sum, &scatter_max, &reduce_sum,
+                        &reduce_max, &bcast}) {
+        b->download();
+      }
+
+      expect_values(
+          gather_recv,
+          [&](size_t i) {
+            return static_cast<double>(value(static_cast<int>(i / count), i % count, 0));
+          },
+          "all_gather");
+      expect_values(
+          in_place,
+          [&](size_t i) {
+            return static_cast<double>(value(static_cast<int>(i / count), i % count, 1));
+          },
+          "in-place all_gather");
+      const size_t mine = static_cast<size_t>(rank) * count;
+      expect_values(
+          scatter_sum, [&](size_t i) { return sum_over_ranks(mine + i, 2); }, "reduce_scatter sum");
+      expect_values(
+          scatter_max, [&](size_t i) { return max_over_ranks(mine + i, 2); }, "reduce_scatter max");
+      expect_values(
+          reduce_sum, [&](size_t i) { return sum_over_ranks(i, 3); }, "all_reduce sum");
+      expect_values(
+          reduce_max, [&](size_t i) { return max_over_ranks(i, 4); }, "all_reduce max");
+      expect_values(
+          bcast, [&](size_t i) { return static_cast<double>(value(world - 1, i, 5)); },
+          "broadcast");
+    }
+  }
+  // Zero elements: completes, nothing touched. Bad arguments fail at once and leave the
+  // communicator usable.
+  comm->all_reduce(nullptr, 0, DType::kFloat32)->wait();
+  EXPECT_THROW(static_cast<void>(comm->broadcast(nullptr, 4, DType::kFloat32, 0)), CommError);
+  EXPECT_THROW(static_cast<void>(comm->broadcast(nullptr, 0, DType::kFloat32, world)), CommError);
+  comm->barrier()->wait();
+}
+
+TEST(NcclRank, DISABLED_KilledRank) {
+  std::unique_ptr<Communicator> comm = make_rank_communicator();
+  cuda_ok(cudaSetDevice(dynamic_cast<NcclCommunicator&>(*comm).device()), "cudaSetDevice");
+  const size_t count = 100003;
+  Buffer data(DType::kFloat32, count);
+  for (size_t i = 0; i < count; ++i) {
+    data.set(i, 1);
+  }
+  data.upload();
+  cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  comm->all_reduce(data.device(), count, DType::kFloat32)->wait();  // everyone is alive
+  if (comm->rank() == 1) {
+    ::raise(SIGKILL);
+  }
+  const Clock::time_point start = Clock::now();
+  try {
+    for (int i = 0; i < 1000; ++i) {
+      comm->all_reduce(data.device(), count, DType::kFloat32)->wait();
+    }
+    ADD_FAILURE() << "no CommError";
+  } catch (const CommError& e) {
+    std::cout << "COMM_ERROR[" << e.what() << "] after "
+              << std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count()
+              << " ms" << std::endl;
+    const Clock::time_point again = Clock::now();
+    try {
+      comm->barrier()->wait();
+    } catch (const CommError& later) {
+      const auto ms =
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - again).count();
+      if (ms < 100 && std::string(later.what()).find("broken") != std::string::npos) {
+        std::cout << "BROKEN_AT_ONCE" << std::endl;
+      }
+    }
+    FAIL() << e.what();
+  }
+}
+
+#endif  // ZINF_HAVE_NCCL
+
+// ---------------------------------------------------------------------------------------------
+// Launching tests (skip without CUDA devices)
+
+// Skips the calling test unless `devices` CUDA devices can run NCCL here.
+#define ZINF_NEED_NCCL_DEVICES(devices)                                                        \
+  do {                                                                                         \
+    if (testing::is_child_rank()) {                                                            \
+      GTEST_SKIP();                                                                            \
+    }                                                                                          \
+    if (const std::string reason = nccl_unavailable_reason(); !reason.empty()) {               \
+      GTEST_SKIP() << reason;                                                                  \
+    }                                                                                          \
+    if (nccl_device_count() < (devices)) {                                                     \
+      GTEST_SKIP() << "needs " << (devices) << " CUDA devices, found " << nccl_device_count(); \
+    }                                                                                          \
+  } while (false)
+
+void expect_all_pass(const std::vector<testing::RankResult>& results) {
+  for (const testing::RankResult& r : results) {
+    EXPECT_TRUE(r.passed()) << testing::describe(r);
+  }
+}
+
+TEST(NcclCommunicator, OneRankCollectives) {
+  ZINF_NEED_NCCL_DEVICES(1);
+  testing::RanksOptions o;
+  o.world_size = 1;
+  o.test = "NcclRank.DISABLED_Collectives";
+  o.deadline = std::chrono::seconds(120);
+  expect_all_pass(testing::run_ranks(o));
+}
+
+TEST(NcclCommunicator, TwoRankCollectives) {
+  ZINF_NEED_NCCL_DEVICES(2);
+  testing::RanksOptions o;
+  o.world_size = 2;
+  o.test = "NcclRank.DISABLED_Collectives";
+  o.deadline = std::chrono::seconds(120);
+  expect_all_pass(testing::run_ranks(o));
+}
+
+TEST(NcclCommunicator, KilledRankEndsTheOtherWithinTheTimeout) {
+  ZINF_NEED_NCCL_DEVICES(2);
+  testing::RanksOptions o;
+  o.world_size = 2;
+  o.test = "NcclRank.DISABLED_KilledRank";
+  o.deadline = std::chrono::seconds(60);
+  o.env = {{"ZINF_TEST_TIMEOUT_MS", "3000"}};
+  const std::vector<testing::RankResult> results = testing::run_ranks(o);
+  ASSERT_EQ(results.size(), 2u);
+  const testing::RankResult& victim = results[1];
+  EXPECT_FALSE(victim.exited) << testing::describe(victim);
+  EXPECT_EQ(victim.signal, SIGKILL) << testing::describe(victim);
+  const testing::RankResult& survivor = results[0];
+  EXPECT_TRUE(survivor.exited && survivor.exit_code != 0) << testing::describe(survivor);
+  EXPECT_FALSE(survivor.timed_out) << testing::describe(survivor);
+  EXPECT_NE(survivor.output.find("COMM_ERROR[zinf comm: all_reduce on rank 0"), std::string::npos)
+      << testing::describe(survivor);
+  EXPECT_NE(survivor.output.find("aborted"), std::string::npos) << testing::describe(survivor);
+  EXPECT_NE(survivor.output.find("BROKEN_AT_ONCE"), std::string::npos)
+      << testing::describe(survivor);
+}
+
+}  // namespace
+}  // namespace zinf::zero
