@@ -9,6 +9,7 @@
 #include <cstring>
 #include <unordered_map>
 
+#include "zero/comm/torch_dtype.h"
 #include "zero/dtype_convert.h"
 #include "zero/error.h"
 
@@ -27,21 +28,7 @@ DType dtype_of(Precision precision) {
   return DType::kFloat32;
 }
 
-at::ScalarType scalar_type(DType dtype) {
-  switch (dtype) {
-    case DType::kBFloat16:
-      return at::kBFloat16;
-    case DType::kFloat16:
-      return at::kHalf;
-    case DType::kFloat64:
-      return at::kDouble;
-    case DType::kInt64:
-      return at::kLong;
-    case DType::kFloat32:
-      break;
-  }
-  return at::kFloat;
-}
+using detail::scalar_type;
 
 bool under(const std::string& name, const std::string& prefix) {
   if (prefix.empty()) {

@@ -10,8 +10,6 @@
 //   comm_gloo_test --gtest_also_run_disabled_tests --gtest_filter='GlooBench.*'
 #include "zero/comm/gloo_communicator.h"
 
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -19,12 +17,12 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "tests/comm/collective_check.h"
 #include "tests/common/multi_process.h"
 #include "tests/common/seed.h"
 #include "zero/comm/launch_env.h"
@@ -34,14 +32,12 @@ namespace zinf::zero {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using comm_test::CollectiveRound;
+using comm_test::env_or;
+using comm_test::expect_comm_error;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers shared by the ranks
-
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr && *value != '\0' ? std::string(value) : fallback;
-}
 
 CommOptions rank_options() {
   CommOptions options;
@@ -52,104 +48,6 @@ CommOptions rank_options() {
       algo == "ring" ? GlooReduceScatter::kRing : GlooReduceScatter::kAllReduce;
   options.gloo_all_gather = algo == "ring" ? GlooAllGather::kRing : GlooAllGather::kC10d;
   return options;
-}
-
-// A small integer in [-8, 8] for (rank, index, salt): sums over 3 ranks stay exact in every
-// dtype, so results compare exactly.
-int64_t small_value(uint64_t seed, int rank, size_t index, uint64_t salt) {
-  uint64_t x = seed ^ (static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull) ^
-               (static_cast<uint64_t>(index) * 0xBF58476D1CE4E5B9ull) ^ (salt << 32);
-  x ^= x >> 31;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 29;
-  return static_cast<int64_t>(x % 17) - 8;
-}
-
-// A typed flat buffer holding small integers.
-class Buffer {
- public:
-  Buffer(DType dtype, size_t count) : dtype_(dtype), bytes_(count * dtype_size(dtype)) {}
-
-  void* data() { return bytes_.data(); }
-  size_t count() const { return bytes_.size() / dtype_size(dtype_); }
-
-  void set(size_t i, int64_t v) {
-    unsigned char* p = bytes_.data() + i * dtype_size(dtype_);
-    switch (dtype_) {
-      case DType::kFloat32: {
-        const float f = static_cast<float>(v);
-        std::memcpy(p, &f, sizeof(f));
-        break;
-      }
-      case DType::kFloat64: {
-        const double d = static_cast<double>(v);
-        std::memcpy(p, &d, sizeof(d));
-        break;
-      }
-      case DType::kInt64:
-        std::memcpy(p, &v, sizeof(v));
-        break;
-      case DType::kBFloat16: {
-        const c10::BFloat16 b(static_cast<float>(v));
-        std::memcpy(p, &b, sizeof(b));
-        break;
-      }
-      case DType::kFloat16: {
-        const c10::Half h(static_cast<float>(v));
-        std::memcpy(p, &h, sizeof(h));
-        break;
-      }
-    }
-  }
-
-  double get(size_t i) const {
-    const unsigned char* p = bytes_.data() + i * dtype_size(dtype_);
-    switch (dtype_) {
-      case DType::kFloat32: {
-        float f;
-        std::memcpy(&f, p, sizeof(f));
-        return f;
-      }
-      case DType::kFloat64: {
-        double d;
-        std::memcpy(&d, p, sizeof(d));
-        return d;
-      }
-      case DType::kInt64: {
-        int64_t v;
-        std::memcpy(&v, p, sizeof(v));
-        return static_cast<double>(v);
-      }
-      case DType::kBFloat16: {
-        c10::BFloat16 b;
-        std::memcpy(&b, p, sizeof(b));
-        return static_cast<float>(b);
-      }
-      case DType::kFloat16: {
-        c10::Half h;
-        std::memcpy(&h, p, sizeof(h));
-        return static_cast<float>(h);
-      }
-    }
-    return 0;
-  }
-
- private:
-  DType dtype_;
-  std::vector<unsigned char> bytes_;
-};
-
-// Compares `got` with `want(i)` element by element; reports the first few differences.
-template <typename Want>
-void expect_values(const Buffer& got, Want want, const std::string& what) {
-  int reported = 0;
-  for (size_t i = 0; i < got.count() && reported < 5; ++i) {
-    if (got.get(i) != want(i)) {
-      ADD_FAILURE() << what << ": element " << i << " is " << got.get(i) << ", expected "
-                    << want(i);
-      ++reported;
-    }
-  }
 }
 
 std::unique_ptr<Communicator> make_rank_communicator() {
@@ -173,116 +71,33 @@ TEST(GlooRank, DISABLED_Collectives) {
   for (DType dtype : dtypes) {
     for (size_t count : counts) {
       SCOPED_TRACE(std::string(to_string(dtype)) + " count " + std::to_string(count));
-      const size_t total = count * static_cast<size_t>(world);
       salt += 8;
-      auto value = [&](int r, size_t i, uint64_t k) { return small_value(seed, r, i, salt + k); };
-      auto sum_over_ranks = [&](size_t i, uint64_t k) {
-        int64_t s = 0;
-        for (int r = 0; r < world; ++r) {
-          s += value(r, i, k);
-        }
-        return static_cast<double>(s);
-      };
-      auto max_over_ranks = [&](size_t i, uint64_t k) {
-        int64_t m = value(0, i, k);
-        for (int r = 1; r < world; ++r) {
-          m = std::max(m, value(r, i, k));
-        }
-        return static_cast<double>(m);
-      };
+      CollectiveRound round(seed, salt, rank, world, dtype, count);
 
       // Several collectives in flight at once, waited for at the end.
-      Buffer gather_send(dtype, count);
-      Buffer gather_recv(dtype, total);
-      Buffer in_place(dtype, total);
-      Buffer scatter_send(dtype, total);
-      Buffer scatter_sum(dtype, count);
-      Buffer scatter_max(dtype, count);
-      Buffer reduce_sum(dtype, count);
-      Buffer reduce_max(dtype, count);
-      Buffer bcast(dtype, count);
-      for (size_t i = 0; i < count; ++i) {
-        gather_send.set(i, value(rank, i, 0));
-        in_place.set(static_cast<size_t>(rank) * count + i, value(rank, i, 1));
-        reduce_sum.set(i, value(rank, i, 3));
-        reduce_max.set(i, value(rank, i, 4));
-        bcast.set(i, value(rank, i, 5));
-      }
-      for (size_t i = 0; i < total; ++i) {
-        scatter_send.set(i, value(rank, i, 2));
-      }
       std::vector<WorkPtr> works;
-      works.push_back(comm->all_gather(gather_send.data(), gather_recv.data(), count, dtype));
-      works.push_back(comm->all_gather(static_cast<char*>(in_place.data()) +
-                                           static_cast<size_t>(rank) * count * dtype_size(dtype),
-                                       in_place.data(), count, dtype));
-      works.push_back(comm->reduce_scatter(scatter_send.data(), scatter_sum.data(), count, dtype));
-      works.push_back(comm->reduce_scatter(scatter_send.data(), scatter_max.data(), count, dtype,
-                                           ReduceOp::kMax));
-      works.push_back(comm->all_reduce(reduce_sum.data(), count, dtype));
-      works.push_back(comm->all_reduce(reduce_max.data(), count, dtype, ReduceOp::kMax));
-      works.push_back(comm->broadcast(bcast.data(), count, dtype, world - 1));
+      works.push_back(
+          comm->all_gather(round.gather_send.data(), round.gather_recv.data(), count, dtype));
+      works.push_back(comm->all_gather(round.in_place_send(round.in_place.data()),
+                                       round.in_place.data(), count, dtype));
+      works.push_back(
+          comm->reduce_scatter(round.scatter_send.data(), round.scatter_sum.data(), count, dtype));
+      works.push_back(comm->reduce_scatter(round.scatter_send.data(), round.scatter_max.data(),
+                                           count, dtype, ReduceOp::kMax));
+      works.push_back(comm->all_reduce(round.reduce_sum.data(), count, dtype));
+      works.push_back(comm->all_reduce(round.reduce_max.data(), count, dtype, ReduceOp::kMax));
+      works.push_back(comm->broadcast(round.bcast.data(), count, dtype, world - 1));
       works.push_back(comm->barrier());
       for (WorkPtr& work : works) {
         work->wait();
         EXPECT_TRUE(work->completed());
       }
-
-      expect_values(
-          gather_recv,
-          [&](size_t i) {
-            return static_cast<double>(value(static_cast<int>(i / count), i % count, 0));
-          },
-          "all_gather");
-      expect_values(
-          in_place,
-          [&](size_t i) {
-            return static_cast<double>(value(static_cast<int>(i / count), i % count, 1));
-          },
-          "in-place all_gather");
-      const size_t mine = static_cast<size_t>(rank) * count;
-      expect_values(
-          scatter_sum, [&](size_t i) { return sum_over_ranks(mine + i, 2); }, "reduce_scatter sum");
-      expect_values(
-          scatter_max, [&](size_t i) { return max_over_ranks(mine + i, 2); }, "reduce_scatter max");
-      expect_values(
-          reduce_sum, [&](size_t i) { return sum_over_ranks(i, 3); }, "all_reduce sum");
-      expect_values(
-          reduce_max, [&](size_t i) { return max_over_ranks(i, 4); }, "all_reduce max");
-      expect_values(
-          bcast, [&](size_t i) { return static_cast<double>(value(world - 1, i, 5)); },
-          "broadcast");
+      round.expect_results();
     }
   }
   // Zero elements: completes, nothing touched.
   comm->all_reduce(nullptr, 0, DType::kFloat32)->wait();
   comm->barrier()->wait();
-}
-
-// Fails every collective of `body` with a CommError; prints it for the launching test, checks
-// that the broken communicator refuses the next call at once, then fails the test.
-template <typename Body>
-void expect_comm_error(Communicator& comm, Body body) {
-  const Clock::time_point start = Clock::now();
-  try {
-    body();
-    ADD_FAILURE() << "no CommError";
-  } catch (const CommError& e) {
-    std::cout << "COMM_ERROR[" << e.what() << "] after "
-              << std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count()
-              << " ms" << std::endl;
-    const Clock::time_point again = Clock::now();
-    try {
-      comm.barrier()->wait();
-    } catch (const CommError& later) {
-      const auto ms =
-          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - again).count();
-      if (ms < 100 && std::string(later.what()).find("broken") != std::string::npos) {
-        std::cout << "BROKEN_AT_ONCE" << std::endl;
-      }
-    }
-    FAIL() << e.what();
-  }
 }
 
 TEST(GlooRank, DISABLED_KilledRank) {

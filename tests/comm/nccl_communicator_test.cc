@@ -11,21 +11,18 @@
 //     naming the collective, and its broken communicator refuses later calls at once).
 #include "zero/comm/nccl_communicator.h"
 
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "tests/comm/collective_check.h"
 #include "tests/common/multi_process.h"
 #include "tests/common/seed.h"
 #include "zero/comm/launch_env.h"
@@ -37,8 +34,6 @@
 
 namespace zinf::zero {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // ---------------------------------------------------------------------------------------------
 // Runs everywhere
@@ -103,21 +98,10 @@ TEST(NcclFactory, UnusableBackendGivesClearErrorBeforeRendezvous) {
 
 #ifdef ZINF_HAVE_NCCL
 
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* value = std::getenv(name);
-  return value != nullptr && *value != '\0' ? std::string(value) : fallback;
-}
-
-// A small integer in [-8, 8] for (rank, index, salt): sums over the ranks stay exact in every
-// dtype, so results compare exactly.
-int64_t small_value(uint64_t seed, int rank, size_t index, uint64_t salt) {
-  uint64_t x = seed ^ (static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull) ^
-               (static_cast<uint64_t>(index) * 0xBF58476D1CE4E5B9ull) ^ (salt << 32);
-  x ^= x >> 31;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 29;
-  return static_cast<int64_t>(x % 17) - 8;
-}
+using comm_test::CollectiveRound;
+using comm_test::env_or;
+using comm_test::expect_comm_error;
+using comm_test::HostBuffer;
 
 void cuda_ok(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {
@@ -125,107 +109,32 @@ void cuda_ok(cudaError_t status, const char* what) {
   }
 }
 
-// A typed flat buffer on the host and its copy on the current CUDA device.
-class Buffer {
+// The copy of a host buffer on the current CUDA device.
+class DeviceCopy {
  public:
-  Buffer(DType dtype, size_t count) : dtype_(dtype), host_(count * dtype_size(dtype)) {
+  explicit DeviceCopy(HostBuffer& host) : host_(host) {
     void* p = nullptr;
-    cuda_ok(cudaMalloc(&p, std::max<size_t>(host_.size(), 1)), "cudaMalloc");
-    device_ = static_cast<unsigned char*>(p);
+    cuda_ok(cudaMalloc(&p, std::max<size_t>(host_.size_bytes(), 1)), "cudaMalloc");
+    device_ = p;
   }
-  ~Buffer() { cudaFree(device_); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
+  ~DeviceCopy() { cudaFree(device_); }
+  DeviceCopy(const DeviceCopy&) = delete;
+  DeviceCopy& operator=(const DeviceCopy&) = delete;
 
   void* device() { return device_; }
-  size_t count() const { return host_.size() / dtype_size(dtype_); }
   void upload() {
-    cuda_ok(cudaMemcpy(device_, host_.data(), host_.size(), cudaMemcpyHostToDevice),
+    cuda_ok(cudaMemcpy(device_, host_.data(), host_.size_bytes(), cudaMemcpyHostToDevice),
             "cudaMemcpy to device");
   }
   void download() {
-    cuda_ok(cudaMemcpy(host_.data(), device_, host_.size(), cudaMemcpyDeviceToHost),
+    cuda_ok(cudaMemcpy(host_.data(), device_, host_.size_bytes(), cudaMemcpyDeviceToHost),
             "cudaMemcpy to host");
   }
 
-  void set(size_t i, int64_t v) {
-    unsigned char* p = host_.data() + i * dtype_size(dtype_);
-    switch (dtype_) {
-      case DType::kFloat32: {
-        const float f = static_cast<float>(v);
-        std::memcpy(p, &f, sizeof(f));
-        break;
-      }
-      case DType::kFloat64: {
-        const double d = static_cast<double>(v);
-        std::memcpy(p, &d, sizeof(d));
-        break;
-      }
-      case DType::kInt64:
-        std::memcpy(p, &v, sizeof(v));
-        break;
-      case DType::kBFloat16: {
-        const c10::BFloat16 b(static_cast<float>(v));
-        std::memcpy(p, &b, sizeof(b));
-        break;
-      }
-      case DType::kFloat16: {
-        const c10::Half h(static_cast<float>(v));
-        std::memcpy(p, &h, sizeof(h));
-        break;
-      }
-    }
-  }
-
-  double get(size_t i) const {
-    const unsigned char* p = host_.data() + i * dtype_size(dtype_);
-    switch (dtype_) {
-      case DType::kFloat32: {
-        float f;
-        std::memcpy(&f, p, sizeof(f));
-        return f;
-      }
-      case DType::kFloat64: {
-        double d;
-        std::memcpy(&d, p, sizeof(d));
-        return d;
-      }
-      case DType::kInt64: {
-        int64_t v;
-        std::memcpy(&v, p, sizeof(v));
-        return static_cast<double>(v);
-      }
-      case DType::kBFloat16: {
-        c10::BFloat16 b;
-        std::memcpy(&b, p, sizeof(b));
-        return static_cast<float>(b);
-      }
-      case DType::kFloat16: {
-        c10::Half h;
-        std::memcpy(&h, p, sizeof(h));
-        return static_cast<float>(h);
-      }
-    }
-    return 0;
-  }
-
  private:
-  DType dtype_;
-  std::vector<unsigned char> host_;
-  unsigned char* device_ = nullptr;
+  HostBuffer& host_;
+  void* device_ = nullptr;
 };
-
-template <typename Want>
-void expect_values(const Buffer& got, Want want, const std::string& what) {
-  int reported = 0;
-  for (size_t i = 0; i < got.count() && reported < 5; ++i) {
-    if (got.get(i) != want(i)) {
-      ADD_FAILURE() << what << ": element " << i << " is " << got.get(i) << ", expected "
-                    << want(i);
-      ++reported;
-    }
-  }
-}
 
 std::unique_ptr<Communicator> make_rank_communicator() {
   CommOptions options;
@@ -249,44 +158,19 @@ TEST(NcclRank, DISABLED_Collectives) {
   for (DType dtype : dtypes) {
     for (size_t count : counts) {
       SCOPED_TRACE(std::string(to_string(dtype)) + " count " + std::to_string(count));
-      const size_t total = count * static_cast<size_t>(world);
       salt += 8;
-      auto value = [&](int r, size_t i, uint64_t k) { return small_value(seed, r, i, salt + k); };
-      auto sum_over_ranks = [&](size_t i, uint64_t k) {
-        int64_t s = 0;
-        for (int r = 0; r < world; ++r) {
-          s += value(r, i, k);
-        }
-        return static_cast<double>(s);
-      };
-      auto max_over_ranks = [&](size_t i, uint64_t k) {
-        int64_t m = value(0, i, k);
-        for (int r = 1; r < world; ++r) {
-          m = std::max(m, value(r, i, k));
-        }
-        return static_cast<double>(m);
-      };
-
-      Buffer gather_send(dtype, count);
-      Buffer gather_recv(dtype, total);
-      Buffer in_place(dtype, total);
-      Buffer scatter_send(dtype, total);
-      Buffer scatter_sum(dtype, count);
-      Buffer scatter_max(dtype, count);
-      Buffer reduce_sum(dtype, count);
-      Buffer reduce_max(dtype, count);
-      Buffer bcast(dtype, count);
-      for (size_t i = 0; i < count; ++i) {
-        gather_send.set(i, value(rank, i, 0));
-        in_place.set(static_cast<size_t>(rank) * count + i, value(rank, i, 1));
-        reduce_sum.set(i, value(rank, i, 3));
-        reduce_max.set(i, value(rank, i, 4));
-        bcast.set(i, value(rank, i, 5));
-      }
-      for (size_t i = 0; i < total; ++i) {
-        scatter_send.set(i, value(rank, i, 2));
-      }
-      for (Buffer* b : {&gather_send, &in_place, &scatter_send, &reduce_sum, &reduce_max, &bcast}) {
+      CollectiveRound round(seed, salt, rank, world, dtype, count);
+      DeviceCopy gather_send(round.gather_send);
+      DeviceCopy gather_recv(round.gather_recv);
+      DeviceCopy in_place(round.in_place);
+      DeviceCopy scatter_send(round.scatter_send);
+      DeviceCopy scatter_sum(round.scatter_sum);
+      DeviceCopy scatter_max(round.scatter_max);
+      DeviceCopy reduce_sum(round.reduce_sum);
+      DeviceCopy reduce_max(round.reduce_max);
+      DeviceCopy bcast(round.bcast);
+      for (DeviceCopy* b :
+           {&gather_send, &in_place, &scatter_send, &reduce_sum, &reduce_max, &bcast}) {
         b->upload();
       }
       // The communicator's stream does not wait for other streams: the data must be on the
@@ -296,9 +180,8 @@ TEST(NcclRank, DISABLED_Collectives) {
       // Several collectives in flight at once, waited for at the end.
       std::vector<WorkPtr> works;
       works.push_back(comm->all_gather(gather_send.device(), gather_recv.device(), count, dtype));
-      works.push_back(comm->all_gather(static_cast<char*>(in_place.device()) +
-                                           static_cast<size_t>(rank) * count * dtype_size(dtype),
-                                       in_place.device(), count, dtype));
+      works.push_back(comm->all_gather(round.in_place_send(in_place.device()), in_place.device(),
+                                       count, dtype));
       works.push_back(
           comm->reduce_scatter(scatter_send.device(), scatter_sum.device(), count, dtype));
       works.push_back(comm->reduce_scatter(scatter_send.device(), scatter_max.device(), count,
@@ -311,35 +194,11 @@ TEST(NcclRank, DISABLED_Collectives) {
         work->wait();
         EXPECT_TRUE(work->completed());
       }
-      for (Buffer* b : {&gather_recv, &in_place, &scatter_sum, &scatter_max, &reduce_sum,
-                        &reduce_max, &bcast}) {
+      for (DeviceCopy* b : {&gather_recv, &in_place, &scatter_sum, &scatter_max, &reduce_sum,
+                            &reduce_max, &bcast}) {
         b->download();
       }
-
-      expect_values(
-          gather_recv,
-          [&](size_t i) {
-            return static_cast<double>(value(static_cast<int>(i / count), i % count, 0));
-          },
-          "all_gather");
-      expect_values(
-          in_place,
-          [&](size_t i) {
-            return static_cast<double>(value(static_cast<int>(i / count), i % count, 1));
-          },
-          "in-place all_gather");
-      const size_t mine = static_cast<size_t>(rank) * count;
-      expect_values(
-          scatter_sum, [&](size_t i) { return sum_over_ranks(mine + i, 2); }, "reduce_scatter sum");
-      expect_values(
-          scatter_max, [&](size_t i) { return max_over_ranks(mine + i, 2); }, "reduce_scatter max");
-      expect_values(
-          reduce_sum, [&](size_t i) { return sum_over_ranks(i, 3); }, "all_reduce sum");
-      expect_values(
-          reduce_max, [&](size_t i) { return max_over_ranks(i, 4); }, "all_reduce max");
-      expect_values(
-          bcast, [&](size_t i) { return static_cast<double>(value(world - 1, i, 5)); },
-          "broadcast");
+      round.expect_results();
     }
   }
   // Zero elements: completes, nothing touched. Bad arguments fail at once and leave the
@@ -354,38 +213,22 @@ TEST(NcclRank, DISABLED_KilledRank) {
   std::unique_ptr<Communicator> comm = make_rank_communicator();
   cuda_ok(cudaSetDevice(dynamic_cast<NcclCommunicator&>(*comm).device()), "cudaSetDevice");
   const size_t count = 100003;
-  Buffer data(DType::kFloat32, count);
+  HostBuffer ones(DType::kFloat32, count);
   for (size_t i = 0; i < count; ++i) {
-    data.set(i, 1);
+    ones.set(i, 1);
   }
+  DeviceCopy data(ones);
   data.upload();
   cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   comm->all_reduce(data.device(), count, DType::kFloat32)->wait();  // everyone is alive
   if (comm->rank() == 1) {
     ::raise(SIGKILL);
   }
-  const Clock::time_point start = Clock::now();
-  try {
+  expect_comm_error(*comm, [&] {
     for (int i = 0; i < 1000; ++i) {
       comm->all_reduce(data.device(), count, DType::kFloat32)->wait();
     }
-    ADD_FAILURE() << "no CommError";
-  } catch (const CommError& e) {
-    std::cout << "COMM_ERROR[" << e.what() << "] after "
-              << std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count()
-              << " ms" << std::endl;
-    const Clock::time_point again = Clock::now();
-    try {
-      comm->barrier()->wait();
-    } catch (const CommError& later) {
-      const auto ms =
-          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - again).count();
-      if (ms < 100 && std::string(later.what()).find("broken") != std::string::npos) {
-        std::cout << "BROKEN_AT_ONCE" << std::endl;
-      }
-    }
-    FAIL() << e.what();
-  }
+  });
 }
 
 #endif  // ZINF_HAVE_NCCL

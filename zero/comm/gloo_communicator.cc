@@ -22,11 +22,12 @@
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <utility>
 #include <vector>
 
 #include "zero/comm/comm_util.h"
+#include "zero/comm/store_rendezvous.h"
+#include "zero/comm/torch_dtype.h"
 
 namespace zinf::zero {
 
@@ -39,58 +40,20 @@ using std::chrono::milliseconds;
 // n-th one of every rank shares the key prefix "zinf/comm<n>/" in the store.
 std::atomic<int> g_communicator_count{0};
 
-int64_t ms_since(Clock::time_point start) {
-  return std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
-}
-
-// Time left until `deadline`, at least 1 ms (0 means "no timeout" to c10d and Gloo).
-milliseconds time_left(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-  return std::max(left, milliseconds(1));
-}
-
-std::string join_ranks(const std::vector<int>& ranks) {
-  std::string text(ranks.size() == 1 ? "rank " : "ranks ");
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (i > 0) {
-      text.append(", ");
-    }
-    text.append(std::to_string(ranks[i]));
-  }
-  return text;
-}
+using detail::error_text;
+using detail::join_ranks;
+using detail::ms_since;
+using detail::scalar_type;
+using detail::store_description;
+using detail::time_left;
 
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
-at::ScalarType scalar_type(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return at::kFloat;
-    case DType::kBFloat16:
-      return at::kBFloat16;
-    case DType::kFloat16:
-      return at::kHalf;
-    case DType::kFloat64:
-      return at::kDouble;
-    case DType::kInt64:
-      return at::kLong;
-  }
-  return at::kFloat;  // unreachable: dtypes are checked before a collective is queued
-}
-
 // c10d's Gloo moves bf16 nowhere ("Invalid scalar type"): collectives that only move bytes
 // (all_gather, broadcast) see bf16 as fp16, the same width; nothing is converted.
 DType moved_as(DType dtype) { return dtype == DType::kBFloat16 ? DType::kFloat16 : dtype; }
-
-// The text of an exception without c10's backtrace.
-std::string error_text(const std::exception& e) {
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
-    return c10_error->what_without_backtrace();
-  }
-  return e.what();
-}
 
 at::Tensor host_tensor(const void* data, size_t count, DType dtype) {
   // c10d only reads an input tensor; the const_cast is for from_blob's signature.
@@ -255,7 +218,6 @@ class GlooCommunicator::Impl {
   };
 
   void connect(const LaunchEnv& env, const CommOptions& options);
-  void wait_for_ranks(Clock::time_point start, Clock::time_point deadline);
   void worker_loop();
   void heartbeat_loop();
   void heartbeat_round(uint64_t beat);
@@ -265,7 +227,6 @@ class GlooCommunicator::Impl {
                            ReduceOp op, Clock::time_point deadline, uint64_t seq);
   void ring_all_gather(const void* send, void* recv, const Chunks& chunks, DType dtype,
                        Clock::time_point deadline, uint64_t seq);
-  std::string store_description() const;
 
   LaunchEnv env_;
   std::string prefix_;                               // "zinf/comm<n>/"
@@ -307,21 +268,6 @@ milliseconds pick_heartbeat(const CommOptions& options) {
   return std::clamp(options.timeout / 20, milliseconds(50), milliseconds(1000));
 }
 
-c10::intrusive_ptr<c10d::Store> open_store(const LaunchEnv& env, bool server,
-                                           milliseconds timeout) {
-  c10d::TCPStoreOptions o;
-  o.port = static_cast<uint16_t>(env.master_port);
-  o.isServer = server;
-  o.waitWorkers = false;
-  o.timeout = timeout;
-  o.multiTenant = server;  // a second communicator of this process shares rank 0's server
-  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
-  if (env.agent_store && !env.store_prefix.empty()) {
-    store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix, store);
-  }
-  return store;
-}
-
 std::shared_ptr<gloo::transport::Device> make_device(const LaunchEnv& env,
                                                      const CommOptions& options) {
   if (!options.gloo_interface.empty()) {
@@ -356,15 +302,7 @@ GlooCommunicator::Impl::Impl(const LaunchEnv& env, const CommOptions& options)
       prefix_("zinf/comm" + std::to_string(g_communicator_count.fetch_add(1)) + "/"),
       peers_(static_cast<size_t>(env.world_size)),
       reports_(static_cast<size_t>(env.world_size)) {
-  if (world_ < 1 || rank_ < 0 || rank_ >= world_) {
-    throw CommError("rendezvous", rank_,
-                    "rank " + std::to_string(rank_) + " of world size " + std::to_string(world_) +
-                        " is not a valid rank");
-  }
-  if (timeout_.count() <= 0) {
-    throw CommError("rendezvous", rank_,
-                    "timeout must be positive, got " + std::to_string(timeout_.count()) + " ms");
-  }
+  detail::check_rendezvous_args(env, timeout_);
   connect(env, options);
   heartbeat_ = std::thread([this] { heartbeat_loop(); });
   try {
@@ -380,41 +318,26 @@ GlooCommunicator::Impl::Impl(const LaunchEnv& env, const CommOptions& options)
   }
 }
 
-std::string GlooCommunicator::Impl::store_description() const {
-  std::string text = env_.master_addr + ":" + std::to_string(env_.master_port);
-  text += env_.agent_store ? " (served by the launcher's agent, prefix " + env_.store_prefix + ")"
-                           : " (served by rank 0)";
-  return text;
-}
-
 void GlooCommunicator::Impl::connect(const LaunchEnv& env, const CommOptions& options) {
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = start + timeout_;
-  const bool server = !env.agent_store && rank_ == 0;
-  try {
-    store_ = open_store(env, server, timeout_);
-  } catch (const std::exception& e) {
-    std::string who = server ? "could not serve the store at " : "could not reach the store at ";
-    std::string missing = server || env.agent_store ? "" : ": rank 0 has not started it";
-    throw CommError("rendezvous", rank_,
-                    who + store_description() + " within " + std::to_string(ms_since(start)) +
-                        " ms" + missing + " (c10d: " + error_text(e) + ")");
-  }
+  store_ = detail::connect_store(env, timeout_, start);
   try {
     // The heartbeat key exists before the arrival mark, so once every rank has arrived every
     // heartbeat can be read.
     store_->set(key(prefix_, "hb/", rank_), std::vector<uint8_t>{'0', ' ', '0'});
     store_->set(key(prefix_, "arrived/", rank_), std::vector<uint8_t>{'1'});
     // The heartbeat thread's own connection: it never waits behind the worker's store calls.
-    heartbeat_store_ =
-        open_store(env, false, std::clamp(heartbeat_interval_ * 4, milliseconds(1000), timeout_));
+    heartbeat_store_ = detail::open_store(
+        env, false, std::clamp(heartbeat_interval_ * 4, milliseconds(1000), timeout_));
   } catch (const std::exception& e) {
-    throw CommError("rendezvous", rank_,
-                    "announcing this rank in the store at " + store_description() +
-                        " failed after " + std::to_string(ms_since(start)) +
-                        " ms (c10d: " + error_text(e) + ")");
+    throw detail::store_call_failed(env, "announcing this rank in", start, e);
   }
-  wait_for_ranks(start, deadline);
+  std::vector<std::string> arrival_keys;
+  for (int i = 0; i < world_; ++i) {
+    arrival_keys.push_back(key(prefix_, "arrived/", i));
+  }
+  detail::wait_for_ranks(*store_, arrival_keys, env, start, deadline);
 
   try {
     std::shared_ptr<gloo::transport::Device> device = make_device(env, options);
@@ -433,42 +356,7 @@ void GlooCommunicator::Impl::connect(const LaunchEnv& env, const CommOptions& op
   } catch (const std::exception& e) {
     throw CommError("rendezvous", rank_,
                     "connecting the Gloo groups failed after " + std::to_string(ms_since(start)) +
-                        " ms (store " + store_description() + "; gloo: " + error_text(e) + ")");
-  }
-}
-
-void GlooCommunicator::Impl::wait_for_ranks(Clock::time_point start, Clock::time_point deadline) {
-  std::vector<std::string> keys;
-  for (int i = 0; i < world_; ++i) {
-    keys.push_back(key(prefix_, "arrived/", i));
-  }
-  try {
-    store_->wait(keys, time_left(deadline));
-    return;
-  } catch (const std::exception& e) {
-    // Name the ranks that did not arrive; the store may itself have gone (rank 0 died).
-    std::vector<int> missing;
-    try {
-      for (int i = 0; i < world_; ++i) {
-        if (!store_->check({keys[static_cast<size_t>(i)]})) {
-          missing.push_back(i);
-        }
-      }
-    } catch (const std::exception& inner) {
-      throw CommError("rendezvous", rank_,
-                      "the store at " + store_description() + " stopped answering after " +
-                          std::to_string(ms_since(start)) + " ms (c10d: " + error_text(inner) +
-                          ")");
-    }
-    if (missing.empty()) {
-      throw CommError("rendezvous", rank_,
-                      "waiting for the other ranks failed after " +
-                          std::to_string(ms_since(start)) + " ms (c10d: " + error_text(e) + ")");
-    }
-    throw CommError("rendezvous", rank_,
-                    join_ranks(missing) + " of " + std::to_string(world_) +
-                        " did not join within " + std::to_string(ms_since(start)) + " ms (store " +
-                        store_description() + ")");
+                        " ms (store " + store_description(env_) + "; gloo: " + error_text(e) + ")");
   }
 }
 
@@ -654,12 +542,12 @@ std::string GlooCommunicator::Impl::diagnose(uint64_t seq) {
       lock, heartbeat_interval_ * 5 + milliseconds(200),
       [&] { return rounds_ >= target || !store_error_.empty() || heartbeat_stop_; });
   if (!store_error_.empty()) {
-    return "the rendezvous store at " + store_description() + " is unreachable" +
+    return "the rendezvous store at " + store_description(env_) + " is unreachable" +
            (env_.agent_store ? std::string() : std::string(": rank 0 has failed")) +
            " (c10d: " + store_error_ + ")";
   }
   if (!watched) {
-    return "the rendezvous store at " + store_description() + " stopped answering for " +
+    return "the rendezvous store at " + store_description(env_) + " stopped answering for " +
            std::to_string(ms_since(since)) + " ms" +
            (env_.agent_store ? std::string() : std::string(": rank 0 has stopped"));
   }

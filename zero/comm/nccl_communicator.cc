@@ -17,10 +17,10 @@
 #include <functional>
 #include <mutex>
 #include <thread>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <utility>
 #include <vector>
+
+#include "zero/comm/store_rendezvous.h"
 #endif
 
 namespace zinf::zero {
@@ -73,14 +73,7 @@ using std::chrono::milliseconds;
 // n-th one of every rank shares the key prefix "zinf/nccl<n>/" in the store.
 std::atomic<int> g_communicator_count{0};
 
-int64_t ms_since(Clock::time_point start) {
-  return std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
-}
-
-milliseconds time_left(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-  return std::max(left, milliseconds(1));
-}
+using detail::ms_since;
 
 std::string cuda_text(cudaError_t status) {
   return std::string(cudaGetErrorName(status)) + " (" + cudaGetErrorString(status) + ")";
@@ -92,21 +85,6 @@ std::string nccl_text(ncclResult_t result, ncclComm_t comm) {
   if (last != nullptr && *last != '\0') {
     text += ": ";
     text += last;
-  }
-  return text;
-}
-
-std::string error_text(const std::exception& e) {
-  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
-    return c10_error->what_without_backtrace();
-  }
-  return e.what();
-}
-
-std::string join_ranks(const std::vector<int>& ranks) {
-  std::string text(ranks.size() == 1 ? "rank " : "ranks ");
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    text += (i > 0 ? ", " : "") + std::to_string(ranks[i]);
   }
   return text;
 }
@@ -138,22 +116,6 @@ void backoff(int polls) {
   } else {
     std::this_thread::sleep_for(milliseconds(1));
   }
-}
-
-// The store both backends meet at (the same options as the Gloo communicator's store).
-c10::intrusive_ptr<c10d::Store> open_store(const LaunchEnv& env, bool server,
-                                           milliseconds timeout) {
-  c10d::TCPStoreOptions o;
-  o.port = static_cast<uint16_t>(env.master_port);
-  o.isServer = server;
-  o.waitWorkers = false;
-  o.timeout = timeout;
-  o.multiTenant = server;  // shared with the other communicators of this process
-  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
-  if (env.agent_store && !env.store_prefix.empty()) {
-    store = c10::make_intrusive<c10d::PrefixStore>(env.store_prefix, store);
-  }
-  return store;
 }
 
 // A CUDA event recorded after one collective; shared by its Work and the in-flight list.
@@ -238,9 +200,6 @@ class NcclCommunicator::State : public std::enable_shared_from_this<NcclCommunic
  private:
   void check_device();
   ncclUniqueId rendezvous(Clock::time_point start, Clock::time_point deadline);
-  void wait_for_ranks(const std::vector<std::string>& keys, Clock::time_point start,
-                      Clock::time_point deadline);
-  std::string store_description() const;
   // Polls ncclCommGetAsyncError while it answers ncclInProgress, up to `deadline`.
   ncclResult_t settle_locked(Clock::time_point deadline);
   // Moves the completed front of inflight_ into completed_through_.
@@ -330,44 +289,6 @@ void NcclCommunicator::State::check_device() {
   }
 }
 
-std::string NcclCommunicator::State::store_description() const {
-  std::string text = env_.master_addr + ":" + std::to_string(env_.master_port);
-  text += env_.agent_store ? " (served by the launcher's agent, prefix " + env_.store_prefix + ")"
-                           : " (served by rank 0)";
-  return text;
-}
-
-void NcclCommunicator::State::wait_for_ranks(const std::vector<std::string>& keys,
-                                             Clock::time_point start, Clock::time_point deadline) {
-  try {
-    store_->wait(keys, time_left(deadline));
-    return;
-  } catch (const std::exception& e) {
-    std::vector<int> missing;
-    try {
-      for (int i = 0; i < world_; ++i) {
-        if (!store_->check({keys[static_cast<size_t>(i)]})) {
-          missing.push_back(i);
-        }
-      }
-    } catch (const std::exception& inner) {
-      throw CommError("rendezvous", rank_,
-                      "the store at " + store_description() + " stopped answering after " +
-                          std::to_string(ms_since(start)) + " ms (c10d: " + error_text(inner) +
-                          ")");
-    }
-    if (missing.empty()) {
-      throw CommError("rendezvous", rank_,
-                      "waiting for the other ranks failed after " +
-                          std::to_string(ms_since(start)) + " ms (c10d: " + error_text(e) + ")");
-    }
-    throw CommError("rendezvous", rank_,
-                    join_ranks(missing) + " of " + std::to_string(world_) +
-                        " did not join within " + std::to_string(ms_since(start)) + " ms (store " +
-                        store_description() + ")");
-  }
-}
-
 ncclUniqueId NcclCommunicator::State::rendezvous(Clock::time_point start,
                                                  Clock::time_point deadline) {
   ncclUniqueId id;
@@ -383,17 +304,7 @@ ncclUniqueId NcclCommunicator::State::rendezvous(Clock::time_point start,
     return id;
   }
   const std::string prefix = "zinf/nccl" + std::to_string(g_communicator_count.fetch_add(1)) + "/";
-  const bool server = !env_.agent_store && rank_ == 0;
-  try {
-    store_ = open_store(env_, server, timeout_);
-  } catch (const std::exception& e) {
-    const std::string who =
-        server ? "could not serve the store at " : "could not reach the store at ";
-    const std::string missing = server || env_.agent_store ? "" : ": rank 0 has not started it";
-    throw CommError("rendezvous", rank_,
-                    who + store_description() + " within " + std::to_string(ms_since(start)) +
-                        " ms" + missing + " (c10d: " + error_text(e) + ")");
-  }
+  store_ = detail::connect_store(env_, timeout_, start);
   std::vector<std::string> keys;
   for (int i = 0; i < world_; ++i) {
     keys.push_back(prefix + "arrived/" + std::to_string(i));
@@ -407,21 +318,15 @@ ncclUniqueId NcclCommunicator::State::rendezvous(Clock::time_point start,
     }
     store_->set(keys[static_cast<size_t>(rank_)], std::vector<uint8_t>{'1'});
   } catch (const std::exception& e) {
-    throw CommError("rendezvous", rank_,
-                    "announcing this rank in the store at " + store_description() +
-                        " failed after " + std::to_string(ms_since(start)) +
-                        " ms (c10d: " + error_text(e) + ")");
+    throw detail::store_call_failed(env_, "announcing this rank in", start, e);
   }
-  wait_for_ranks(keys, start, deadline);
+  detail::wait_for_ranks(*store_, keys, env_, start, deadline);
   if (rank_ != 0) {
     std::vector<uint8_t> value;
     try {
       value = store_->get(prefix + "id");
     } catch (const std::exception& e) {
-      throw CommError("rendezvous", rank_,
-                      "reading rank 0's ncclUniqueId from the store at " + store_description() +
-                          " failed after " + std::to_string(ms_since(start)) +
-                          " ms (c10d: " + error_text(e) + ")");
+      throw detail::store_call_failed(env_, "reading rank 0's ncclUniqueId from", start, e);
     }
     if (value.size() != sizeof(id)) {
       throw CommError("rendezvous", rank_,
@@ -435,15 +340,7 @@ ncclUniqueId NcclCommunicator::State::rendezvous(Clock::time_point start,
 }
 
 void NcclCommunicator::State::init() {
-  if (world_ < 1 || rank_ < 0 || rank_ >= world_) {
-    throw CommError("rendezvous", rank_,
-                    "rank " + std::to_string(rank_) + " of world size " + std::to_string(world_) +
-                        " is not a valid rank");
-  }
-  if (timeout_.count() <= 0) {
-    throw CommError("rendezvous", rank_,
-                    "timeout must be positive, got " + std::to_string(timeout_.count()) + " ms");
-  }
+  detail::check_rendezvous_args(env_, timeout_);
   check_device();
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = start + timeout_;
