@@ -6,8 +6,6 @@
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
-#include <tbb/blocked_range.h>
-#include <tbb/parallel_for.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -24,7 +22,6 @@
 #include <sstream>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "aio/error.h"
 #include "aio/pinned_buffer.h"
@@ -39,26 +36,7 @@ uint64_t round_up(uint64_t bytes) {
   return (bytes + kExtentAlignment - 1) / kExtentAlignment * kExtentAlignment;
 }
 
-// The extent checksum. Up to kHashBlock bytes: XXH3 of the bytes. Larger extents: XXH3 of
-// the XXH3s of their kHashBlock-byte blocks, computed by all cores (TBB), so verifying a
-// sub-group that was just read costs a fraction of one core's hashing time (~6 GB/s here)
-// on the thread that waits for it. Checksums live only in memory, so the form may change.
-constexpr uint64_t kHashBlock = uint64_t{1} << 20;
-
-uint64_t hash_of(const void* data, uint64_t bytes) {
-  if (bytes <= 2 * kHashBlock) return XXH3_64bits(data, bytes);
-  const uint64_t blocks = (bytes + kHashBlock - 1) / kHashBlock;
-  std::vector<uint64_t> block_hashes(blocks);
-  const auto* base = static_cast<const std::byte*>(data);
-  tbb::parallel_for(
-      tbb::blocked_range<uint64_t>(0, blocks), [&](const tbb::blocked_range<uint64_t>& range) {
-        for (uint64_t b = range.begin(); b != range.end(); ++b) {
-          const uint64_t begin = b * kHashBlock;
-          block_hashes[b] = XXH3_64bits(base + begin, std::min(kHashBlock, bytes - begin));
-        }
-      });
-  return XXH3_64bits_withSeed(block_hashes.data(), blocks * sizeof(uint64_t), bytes);
-}
+uint64_t hash_of(const void* data, uint64_t bytes) { return XXH3_64bits(data, bytes); }
 
 std::string errno_text(int error) { return std::string(std::strerror(error)); }
 
