@@ -54,7 +54,7 @@ def fs_type(path):
 def zinf_gbps(zinf, path, size, bs, qd, op, backend):
     out = run([zinf, "io", path, "--size", str(size), f"--{op}", "--block-size", str(bs),
                "--queue-depth", str(qd), "--io-parallel", "1", "--loops", "1",
-               "--backend", backend, "--json"])
+               "--backend", backend, "--json"] + (["--overwrite"] if op == "write" else []))
     result = json.loads(out)
     if not result["direct_io"]:
         sys.exit(f"aio_vs_fio: {path} does not support O_DIRECT here; leave its folder out (--dir)")
