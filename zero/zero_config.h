@@ -71,7 +71,12 @@ struct ZeroConfig {
   bool pipeline_write = false;
 
   // Swap folders (offload_*.nvme_path, or zinf.nvme_paths), the aio block, checksums.
+  // Every store stripes across nvme_paths, except that a tier with its own folder
+  // (DeepSpeed's offload_param.nvme_path / offload_optimizer.nvme_path, when zinf.nvme_paths
+  // is not given) keeps its swap files there alone, as DeepSpeed does.
   std::vector<std::string> nvme_paths;
+  std::string param_nvme_path;      // offload_param.nvme_path; empty: nvme_paths
+  std::string optimizer_nvme_path;  // offload_optimizer.nvme_path; empty: nvme_paths
   aio::AioConfig aio;
   bool swap_checksums = true;  // zinf.swap_checksums
   // zinf.pinned_memory_limit (bytes): the process's pinned-memory limit

@@ -189,14 +189,15 @@ void ZeroModel::partition(const Initializer& initializer) {
   layout_ = std::make_unique<PartitionLayout>(numels, stage0 ? 1 : world, stage0 ? 0 : comm_.rank(),
                                               config_.sub_group_size);
 
-  auto make_store = [&](const char* name) {
-    if (config_.nvme_paths.empty()) {
+  auto make_store = [&](const char* name, const std::string& own_path) {
+    if (config_.nvme_paths.empty() && own_path.empty()) {
       throw ZeroError(fmt::format(
           "offload device nvme needs a folder: set offload_{}.nvme_path (or zinf.nvme_paths)",
           name));
     }
     offload::NvmeStoreConfig sc;
-    sc.nvme_paths = config_.nvme_paths;  // striped when there are several
+    // The tier's own folder, else every swap folder (striped when there are several).
+    sc.nvme_paths = own_path.empty() ? config_.nvme_paths : std::vector<std::string>{own_path};
     sc.rank = comm_.rank();
     sc.name = name;
     sc.aio = config_.aio;
@@ -204,10 +205,10 @@ void ZeroModel::partition(const Initializer& initializer) {
     return std::make_unique<offload::NvmeStore>(sc);
   };
   if (config_.offload_optimizer == OffloadTarget::kNvme) {
-    optimizer_nvme_ = make_store("optimizer");
+    optimizer_nvme_ = make_store("optimizer", config_.optimizer_nvme_path);
   }
   if (!managed_.empty() && config_.offload_param == OffloadTarget::kNvme) {
-    param_nvme_ = make_store("param");
+    param_nvme_ = make_store("param", config_.param_nvme_path);
     offload::ParamSwapperConfig pc;
     pc.buffer_count = config_.param_buffer_count;
     pc.buffer_size = config_.param_buffer_size;

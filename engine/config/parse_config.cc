@@ -733,6 +733,15 @@ void check_offload(ParseContext& ctx, RunConfig& c) {
   add(z.offload_param, c.zero_extra.param_nvme_path, "offload_param");
   add(z.offload_optimizer, c.zero_extra.optimizer_nvme_path, "offload_optimizer");
   c.zero.nvme_paths = std::move(paths);
+  // Without zinf.nvme_paths each tier keeps to its own folder (DeepSpeed's meaning).
+  if (c.zinf.nvme_paths.empty()) {
+    if (z.offload_param == zero::OffloadTarget::kNvme) {
+      c.zero.param_nvme_path = c.zero_extra.param_nvme_path;
+    }
+    if (z.offload_optimizer == zero::OffloadTarget::kNvme) {
+      c.zero.optimizer_nvme_path = c.zero_extra.optimizer_nvme_path;
+    }
+  }
 }
 
 }  // namespace

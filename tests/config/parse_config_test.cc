@@ -330,6 +330,8 @@ TEST(ParseConfigTest, NvmeWithoutNvmePath) {
                  "zinf": {"nvme_paths": ["/a", "/b"]}})");
   EXPECT_EQ(c.zero.nvme_paths, (std::vector<std::string>{"/a", "/b"}));
   EXPECT_EQ(c.zero_extra.param_nvme_path, "/ignored");
+  EXPECT_EQ(c.zero.param_nvme_path, "");  // both tiers stripe across /a and /b
+  EXPECT_EQ(c.zero.optimizer_nvme_path, "");
 }
 
 TEST(ParseConfigTest, BothNvmeTiersListTheirFolders) {
@@ -337,6 +339,9 @@ TEST(ParseConfigTest, BothNvmeTiersListTheirFolders) {
                  "offload_param": {"device": "nvme", "nvme_path": "/p"},
                  "offload_optimizer": {"device": "nvme", "nvme_path": "/o"}}})");
   EXPECT_EQ(c.zero.nvme_paths, (std::vector<std::string>{"/p", "/o"}));
+  // Each tier keeps its swap files in its own folder, as in DeepSpeed.
+  EXPECT_EQ(c.zero.param_nvme_path, "/p");
+  EXPECT_EQ(c.zero.optimizer_nvme_path, "/o");
   // A path given to a tier that is not on nvme is not a swap folder.
   c = parse(R"({"zero_optimization": {"stage": 3,
                  "offload_param": {"device": "cpu", "nvme_path": "/p"}}})");

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -132,6 +133,37 @@ TEST(ZeroModelParity, GradientAccumulationMatchesOneLargeBatch) {
   c.train.micro_batches = 4;
   c.train.micro_batch_size = 4;
   check_parity(c, dir.path());
+}
+
+// DeepSpeed's offload_param.nvme_path and offload_optimizer.nvme_path name each tier's own
+// folder: its swap files go there and nowhere else.
+TEST(ZeroModel, EachNvmeTierKeepsToItsOwnFolder) {
+  ::zinf::testing::TempDir param_dir;
+  ::zinf::testing::TempDir optimizer_dir;
+  testing::Net net = make_net(NetShape{}, 11);
+  offload::CpuAccelerator accelerator(1ull << 30);
+  SingleCommunicator comm;
+  optimizer_cpu::AdamOptimizer adam(adam_config(TrainOptions{}));
+  ZeroConfig config;
+  config.stage = 3;
+  config.offload_param = OffloadTarget::kNvme;
+  config.offload_optimizer = OffloadTarget::kNvme;
+  config.param_max_in_cpu = 0;
+  config.nvme_paths = {param_dir.path(), optimizer_dir.path()};
+  config.param_nvme_path = param_dir.path();
+  config.optimizer_nvme_path = optimizer_dir.path();
+  config.aio.backend = aio::BackendKind::kPsync;
+  ZeroModel model(*net, config, accelerator, comm, adam);
+  auto files = [](const std::string& dir) {
+    std::vector<std::string> names;
+    for (const auto& e :
+         std::filesystem::directory_iterator(std::filesystem::path(dir) / "zinf_swap" / "rank0")) {
+      if (e.path().extension() == ".swp") names.push_back(e.path().filename().string());
+    }
+    return names;
+  };
+  EXPECT_EQ(files(param_dir.path()), std::vector<std::string>{"param.swp"});
+  EXPECT_EQ(files(optimizer_dir.path()), std::vector<std::string>{"optimizer.swp"});
 }
 
 TEST(ZeroModelParity, FourAccumulatedMicroBatchesEqualOneBatchOfFourTimesTheSize) {
