@@ -277,39 +277,9 @@ TEST(NvmeStoreStripe, ConcurrentQueuesOnDisjointExtents) {
   TempDir b;
   TempDir c;
   NvmeStore store(striped_config({a.path(), b.path(), c.path()}, true));
-  constexpr int kThreads = 4;
-  constexpr int kExtents = 6;
-  std::vector<std::thread> threads;
-  std::vector<int> failures(kThreads, 0);
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      std::mt19937 rng(seed + static_cast<uint32_t>(t));
-      auto queue = store.make_queue();
-      std::vector<ExtentId> ids;
-      std::vector<std::vector<uint8_t>> data;
-      for (int i = 0; i < kExtents; ++i) {
-        const uint64_t size = 1 + rng() % 400000;
-        ids.push_back(store.allocate(size));
-        data.push_back(random_bytes(rng, size));
-        queue->async_write(ids.back(), data.back().data());
-      }
-      queue->wait();
-      std::vector<std::vector<uint8_t>> back(kExtents);
-      for (int i = 0; i < kExtents; ++i) {
-        back[i].resize(data[i].size());
-        queue->async_read(ids[i], back[i].data());
-      }
-      queue->wait();
-      for (int i = 0; i < kExtents; ++i) {
-        failures[t] += back[i] != data[i] ? 1 : 0;
-        store.free(ids[i]);
-      }
-    });
-  }
-  for (auto& t : threads) {
-    t.join();
-  }
-  for (int t = 0; t < kThreads; ++t) {
+  const std::vector<int> failures =
+      testing::concurrent_queue_round_trips(store, seed, 4, 6, 400000);
+  for (size_t t = 0; t < failures.size(); ++t) {
     EXPECT_EQ(failures[t], 0) << "thread " << t;
   }
 }

@@ -18,6 +18,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "aio/config.h"
@@ -92,7 +93,9 @@ class RefusingAccelerator final : public Accelerator {
 
  private:
   static OffloadError unused() {
-    return OffloadError(ErrorKind::kUsage, "refusing accelerator: not implemented");
+    return OffloadError(ErrorKind::kUsage,
+                        "refusing accelerator: only host registration is part of this fake (device "
+                        "memory, streams and copies are not)");
   }
   const uint64_t fail_at_;
   uint64_t calls_ = 0;
@@ -117,6 +120,44 @@ inline ::testing::AssertionResult holds_no_extent(NvmeStore& store, uint64_t* pr
     }
   }
   return ::testing::AssertionSuccess() << probe << " extents allocated, none held";
+}
+
+// Runs `threads` threads, each with its own queue of `store`, writing `extents` extents of
+// 1 .. max_bytes random bytes, reading them back and freeing them; returns how many extents
+// came back different, per thread.
+inline std::vector<int> concurrent_queue_round_trips(NvmeStore& store, uint32_t seed, int threads,
+                                                     int extents, uint64_t max_bytes) {
+  std::vector<std::thread> workers;
+  std::vector<int> failures(static_cast<size_t>(threads), 0);
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      std::mt19937 rng(seed + static_cast<uint32_t>(t));
+      auto queue = store.make_queue();
+      std::vector<ExtentId> ids;
+      std::vector<std::vector<uint8_t>> data;
+      for (int i = 0; i < extents; ++i) {
+        const uint64_t size = 1 + rng() % max_bytes;
+        ids.push_back(store.allocate(size));
+        data.push_back(random_bytes(rng, size));
+        queue->async_write(ids.back(), data.back().data());
+      }
+      queue->wait();
+      std::vector<std::vector<uint8_t>> back(static_cast<size_t>(extents));
+      for (size_t i = 0; i < back.size(); ++i) {
+        back[i].resize(data[i].size());
+        queue->async_read(ids[i], back[i].data());
+      }
+      queue->wait();
+      for (size_t i = 0; i < back.size(); ++i) {
+        failures[static_cast<size_t>(t)] += back[i] != data[i] ? 1 : 0;
+        store.free(ids[i]);
+      }
+    });
+  }
+  for (auto& w : workers) {
+    w.join();
+  }
+  return failures;
 }
 
 }  // namespace zinf::offload::testing
