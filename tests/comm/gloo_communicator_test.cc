@@ -42,7 +42,10 @@ using comm_test::expect_comm_error;
 CommOptions rank_options() {
   CommOptions options;
   options.backend = env_or("ZINF_TEST_BACKEND", "gloo");
-  options.timeout = std::chrono::milliseconds(std::stoll(env_or("ZINF_TEST_TIMEOUT_MS", "20000")));
+  // ZINF_TEST_TIMEOUT_MS_RANK<r> gives one rank its own timeout.
+  const std::string timeout_ms = env_or("ZINF_TEST_TIMEOUT_MS", "20000");
+  options.timeout = std::chrono::milliseconds(
+      std::stoll(env_or(("ZINF_TEST_TIMEOUT_MS_RANK" + env_or("RANK", "0")).c_str(), timeout_ms)));
   const std::string algo = env_or("ZINF_TEST_ALGO", "ring");
   options.gloo_reduce_scatter =
       algo == "ring" ? GlooReduceScatter::kRing : GlooReduceScatter::kAllReduce;
@@ -258,7 +261,8 @@ TEST(GlooCommunicator, KilledRankEndsOthersDuringRingReduceScatter) {
 }
 TEST(GlooCommunicator, KilledStoreHostEndsOthers) { run_killed(2, 0, "all_reduce"); }
 
-void run_missing(int world, const std::vector<int>& started, const std::string& expected) {
+void run_missing(int world, const std::vector<int>& started, const std::string& expected,
+                 const std::vector<std::pair<std::string, std::string>>& extra_env = {}) {
   if (testing::is_child_rank()) {
     GTEST_SKIP() << "launching test inside a rank";
   }
@@ -268,6 +272,7 @@ void run_missing(int world, const std::vector<int>& started, const std::string& 
   o.test = "GlooRank.DISABLED_Rendezvous";
   o.deadline = std::chrono::seconds(40);
   o.env = {{"ZINF_TEST_TIMEOUT_MS", "3000"}};
+  o.env.insert(o.env.end(), extra_env.begin(), extra_env.end());
   const Clock::time_point start = Clock::now();
   const std::vector<testing::RankResult> results = testing::run_ranks(o);
   for (const testing::RankResult& r : results) {
@@ -287,6 +292,12 @@ void run_missing(int world, const std::vector<int>& started, const std::string& 
 
 TEST(GlooCommunicator, RankThatNeverArrivesIsNamed) {
   run_missing(3, {0, 1}, "rank 2 of 3 did not join within");
+}
+// Rank 0 gives up long before rank 1 would and its exit takes the store away; rank 1 still
+// names the missing rank (rank 0 publishes its finding and serves the store until it is read).
+TEST(GlooCommunicator, StoreHostGivingUpFirstStillNamesTheMissingRank) {
+  run_missing(3, {0, 1}, "rank 2 of 3 did not join within",
+              {{"ZINF_TEST_TIMEOUT_MS_RANK0", "1000"}});
 }
 TEST(GlooCommunicator, MissingStoreHostIsNamed) {
   run_missing(3, {1, 2}, "rank 0 has not started it");

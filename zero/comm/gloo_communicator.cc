@@ -221,6 +221,7 @@ class GlooCommunicator::Impl {
   void worker_loop();
   void heartbeat_loop();
   void heartbeat_round(uint64_t beat);
+  void linger_while_peers_need_store();
   std::string diagnose(uint64_t seq);
   void wait_c10d(const c10::intrusive_ptr<c10d::Work>& work, Clock::time_point deadline);
   void ring_reduce_scatter(const void* src, void* dst, const Chunks& chunks, DType dtype,
@@ -337,7 +338,7 @@ void GlooCommunicator::Impl::connect(const LaunchEnv& env, const CommOptions& op
   for (int i = 0; i < world_; ++i) {
     arrival_keys.push_back(key(prefix_, "arrived/", i));
   }
-  detail::wait_for_ranks(*store_, arrival_keys, env, start, deadline);
+  detail::wait_for_ranks(*store_, arrival_keys, prefix_, env, start, deadline);
 
   try {
     std::shared_ptr<gloo::transport::Device> device = make_device(env, options);
@@ -369,6 +370,9 @@ GlooCommunicator::Impl::~Impl() {
   if (worker_.joinable()) {
     worker_.join();
   }
+  if (store_) {
+    linger_while_peers_need_store();
+  }
   {
     std::lock_guard<std::mutex> lock(heartbeat_mutex_);
     heartbeat_stop_ = true;
@@ -376,6 +380,49 @@ GlooCommunicator::Impl::~Impl() {
   heartbeat_cv_.notify_all();
   if (heartbeat_.joinable()) {
     heartbeat_.join();
+  }
+}
+
+void GlooCommunicator::Impl::linger_while_peers_need_store() {
+  // Every rank marks its close; the rank serving the store keeps serving until each peer has
+  // closed, reported its own failure or stopped beating. Without this the host's exit after a
+  // failure takes the store away while the others are still diagnosing theirs, and they would
+  // blame rank 0 rather than the rank that died.
+  try {
+    store_->set(key(prefix_, "closed/", rank_), std::vector<uint8_t>{'1'});
+  } catch (const std::exception&) {
+    return;  // the store is gone already
+  }
+  if (env_.agent_store || rank_ != 0 || world_ == 1) {
+    return;
+  }
+  const Clock::time_point limit = Clock::now() + heartbeat_interval_ * 6 + milliseconds(1000);
+  std::vector<bool> done(static_cast<size_t>(world_), false);
+  done[static_cast<size_t>(rank_)] = true;
+  try {
+    while (Clock::now() < limit) {
+      bool all = true;
+      for (int i = 0; i < world_; ++i) {
+        if (done[static_cast<size_t>(i)]) {
+          continue;
+        }
+        bool silent;
+        {
+          std::lock_guard<std::mutex> lock(heartbeat_mutex_);
+          silent =
+              Clock::now() - peers_[static_cast<size_t>(i)].changed >= heartbeat_interval_ * 5 / 2;
+        }
+        done[static_cast<size_t>(i)] = silent || store_->check({key(prefix_, "closed/", i)}) ||
+                                       store_->check({key(prefix_, "failed/", i)});
+        all = all && done[static_cast<size_t>(i)];
+      }
+      if (all) {
+        return;
+      }
+      std::this_thread::sleep_for(std::min(heartbeat_interval_ / 4, milliseconds(50)));
+    }
+  } catch (const std::exception&) {
+    // Best effort: closing must not throw.
   }
 }
 

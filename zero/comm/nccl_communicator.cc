@@ -320,7 +320,7 @@ ncclUniqueId NcclCommunicator::State::rendezvous(Clock::time_point start,
   } catch (const std::exception& e) {
     throw detail::store_call_failed(env_, "announcing this rank in", start, e);
   }
-  detail::wait_for_ranks(*store_, keys, env_, start, deadline);
+  detail::wait_for_ranks(*store_, keys, prefix, env_, start, deadline);
   if (rank_ != 0) {
     std::vector<uint8_t> value;
     try {

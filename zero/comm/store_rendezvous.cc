@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -94,36 +95,87 @@ CommError store_call_failed(const LaunchEnv& env, const std::string& doing, Cloc
                        std::to_string(ms_since(start)) + " ms (c10d: " + error_text(e) + ")");
 }
 
-void wait_for_ranks(c10d::Store& store, const std::vector<std::string>& arrival_keys,
-                    const LaunchEnv& env, Clock::time_point start, Clock::time_point deadline) {
-  try {
-    store.wait(arrival_keys, time_left(deadline));
-    return;
-  } catch (const std::exception& e) {
-    // Name the ranks that did not arrive; the store may itself have gone (rank 0 died).
-    std::vector<int> missing;
-    try {
-      for (size_t i = 0; i < arrival_keys.size(); ++i) {
-        if (!store.check({arrival_keys[i]})) {
-          missing.push_back(static_cast<int>(i));
-        }
-      }
-    } catch (const std::exception& inner) {
-      throw CommError("rendezvous", env.rank,
-                      "the store at " + store_description(env) + " stopped answering after " +
-                          std::to_string(ms_since(start)) + " ms (c10d: " + error_text(inner) +
-                          ")");
+namespace {
+
+// Which ranks' arrival keys are missing (one store call per key).
+std::vector<int> missing_ranks(c10d::Store& store, const std::vector<std::string>& arrival_keys) {
+  std::vector<int> missing;
+  for (size_t i = 0; i < arrival_keys.size(); ++i) {
+    if (!store.check({arrival_keys[i]})) {
+      missing.push_back(static_cast<int>(i));
     }
-    if (missing.empty()) {
-      throw CommError("rendezvous", env.rank,
-                      "waiting for the other ranks failed after " +
-                          std::to_string(ms_since(start)) + " ms (c10d: " + error_text(e) + ")");
-    }
-    throw CommError("rendezvous", env.rank,
-                    join_ranks(missing) + " of " + std::to_string(arrival_keys.size()) +
-                        " did not join within " + std::to_string(ms_since(start)) + " ms (store " +
-                        store_description(env) + ")");
   }
+  return missing;
+}
+
+}  // namespace
+
+void wait_for_ranks(c10d::Store& store, const std::vector<std::string>& arrival_keys,
+                    const std::string& prefix, const LaunchEnv& env, Clock::time_point start,
+                    Clock::time_point deadline) {
+  // Polled rather than one store.wait: the ranks that were missing when the store last
+  // answered are known if it goes, and a failure found by the store's host reaches the others
+  // before the host exits and takes the store with it.
+  const bool serves_store = !env.agent_store && env.rank == 0;
+  const std::string failure_key = prefix + "rendezvous_failed";
+  const std::string ack_key = prefix + "rendezvous_failed_read";
+  const size_t world = arrival_keys.size();
+  std::vector<int> missing;
+  for (size_t i = 0; i < world; ++i) {
+    missing.push_back(static_cast<int>(i));
+  }
+  milliseconds pause(5);
+  for (;;) {
+    try {
+      if (store.check(arrival_keys)) {
+        return;
+      }
+      missing = missing_ranks(store, arrival_keys);
+      if (missing.empty()) {
+        return;
+      }
+      if (!serves_store && store.check({failure_key})) {
+        const std::vector<uint8_t> text = store.get(failure_key);
+        store.add(ack_key, 1);
+        throw CommError("rendezvous", env.rank,
+                        std::string(text.begin(), text.end()) + " (found by rank 0, which serves " +
+                            "the store; this rank waited " + std::to_string(ms_since(start)) +
+                            " ms)");
+      }
+    } catch (const CommError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw CommError("rendezvous", env.rank,
+                      join_ranks(missing) + " of " + std::to_string(world) +
+                          " had not joined when the store at " + store_description(env) +
+                          " stopped answering after " + std::to_string(ms_since(start)) +
+                          " ms (c10d: " + error_text(e) + ")");
+    }
+    const Clock::time_point now = Clock::now();
+    if (now >= deadline) {
+      break;
+    }
+    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
+    pause = std::min(pause * 2, milliseconds(100));
+  }
+  const std::string message = join_ranks(missing) + " of " + std::to_string(world) +
+                              " did not join within " + std::to_string(ms_since(start)) +
+                              " ms (store " + store_description(env) + ")";
+  if (serves_store) {
+    // Publish the finding and keep serving the store until every rank that did arrive has
+    // read it (at most 2 s), so they report the missing ranks rather than a lost store.
+    try {
+      store.set(failure_key, std::vector<uint8_t>(message.begin(), message.end()));
+      const int64_t readers = static_cast<int64_t>(world - missing.size()) - 1;
+      const Clock::time_point linger = Clock::now() + std::chrono::seconds(2);
+      while (store.add(ack_key, 0) < readers && Clock::now() < linger) {
+        std::this_thread::sleep_for(milliseconds(10));
+      }
+    } catch (const std::exception&) {
+      // Best effort: the error below is this rank's own finding either way.
+    }
+  }
+  throw CommError("rendezvous", env.rank, message);
 }
 
 }  // namespace zinf::zero::detail

@@ -67,10 +67,13 @@ void check_rendezvous_args(const LaunchEnv& env, std::chrono::milliseconds timeo
                                           const std::exception& e);
 
 // Waits until every key of `arrival_keys` (the one of rank i at index i, one per rank) is
-// set in `store`, up to `deadline`. Throws CommError naming the ranks whose key is missing
-// ("rank 2 of 3 did not join within N ms"), or saying that the store stopped answering.
+// set in `store`, up to `deadline`, polling. Throws CommError naming the ranks whose key is
+// missing ("rank 2 of 3 did not join within N ms"), or the ranks still missing when the store
+// stopped answering. The rank serving the store publishes its finding under `prefix` and
+// keeps serving for up to 2 s until the ranks that arrived have read it; they throw it too.
 void wait_for_ranks(c10d::Store& store, const std::vector<std::string>& arrival_keys,
-                    const LaunchEnv& env, std::chrono::steady_clock::time_point start,
+                    const std::string& prefix, const LaunchEnv& env,
+                    std::chrono::steady_clock::time_point start,
                     std::chrono::steady_clock::time_point deadline);
 
 }  // namespace zinf::zero::detail
