@@ -1,0 +1,110 @@
+// Training data for `zinf train`: token streams and the sampler that cuts them into samples
+// and deals them to ranks. No LibTorch (the trainer turns a micro-batch into a tensor).
+//
+//   TokenSource   a read-only stream of token ids: byte-level text (any file; each byte is a
+//                 token, vocab 256) or a pre-tokenized file (flat little-endian uint16 or
+//                 uint32, memory-mapped), or the default corpus held in memory.
+//   SampleLoader  cuts a source into samples of seq_len + 1 consecutive tokens (input and
+//                 shifted target), non-overlapping, shuffled per epoch from a seed. The
+//                 global order is the same for any world size; rank r takes every
+//                 world_size-th sample of it (as PyTorch's DistributedSampler does), so one
+//                 rank with micro-batch 4 and two ranks with micro-batch 2 see the same
+//                 global batch.
+//
+// The default corpus is the text of the Debian `fortunes` packages' files (found at their
+// standard location, /usr/share/games/fortunes); when they are absent a built-in generated
+// corpus that a small model can learn, with a note saying so.
+//
+// Errors: DataError, naming the file, the offset and what was wrong (a file too short for one
+// sample, a token-file size that is not a multiple of the token width, a token id not below
+// the vocab size). Thread safety: a TokenSource is immutable after opening and may be read
+// from any thread; a SampleLoader is used by one thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace zinf::data {
+
+class DataError : public std::runtime_error {
+ public:
+  explicit DataError(const std::string& message) : std::runtime_error(message) {}
+};
+
+class TokenSource {
+ public:
+  virtual ~TokenSource() = default;
+  // Number of tokens.
+  [[nodiscard]] virtual uint64_t size() const noexcept = 0;
+  // Token ids are below this (256 for byte-level text).
+  [[nodiscard]] virtual uint32_t vocab_size() const noexcept = 0;
+  // Copies tokens [offset, offset + count) into `out`; throws DataError when the range is
+  // outside the source.
+  virtual void read(uint64_t offset, uint64_t count, int64_t* out) const = 0;
+  // What this is, for the start-up lines: "byte-level text /path (123456 tokens)".
+  [[nodiscard]] virtual std::string description() const = 0;
+};
+
+// Any file read as bytes, each byte a token (vocab 256). Memory-mapped.
+[[nodiscard]] std::unique_ptr<TokenSource> open_byte_text(const std::string& path);
+
+// A flat little-endian array of uint16 (width 2) or uint32 (width 4) token ids,
+// memory-mapped. `vocab_size` 0: the largest id + 1 (one pass over the file); otherwise every
+// id must be below it (checked in one pass, naming the offset of the first that is not).
+[[nodiscard]] std::unique_ptr<TokenSource> open_token_file(const std::string& path, int width,
+                                                           uint32_t vocab_size = 0);
+
+// A file chosen by name: "*.u16" / "*.bin16" -> uint16 tokens, "*.u32" / "*.bin32" -> uint32
+// tokens, anything else byte-level text.
+[[nodiscard]] std::unique_ptr<TokenSource> open_data(const std::string& path);
+
+// The default corpus: the fortunes files' text concatenated (byte-level), or, when none is
+// found under `fortunes_dir`, a generated text corpus; `note` receives one line saying which
+// ("fortunes: 412 KiB of text from 12 files in /usr/share/games/fortunes" or "the fortunes
+// package is not installed (...); using a generated corpus of N KiB").
+[[nodiscard]] std::unique_ptr<TokenSource> default_corpus(
+    std::string* note, const std::string& fortunes_dir = "/usr/share/games/fortunes");
+
+// Unigram entropy of the source's tokens in nats (the loss a model that ignores context
+// cannot beat): -sum p log p over the token frequencies.
+[[nodiscard]] double unigram_entropy_nats(const TokenSource& source);
+
+struct LoaderOptions {
+  int64_t seq_len = 128;  // tokens per sample input (each sample reads seq_len + 1)
+  uint64_t seed = 1234;   // shuffle seed (epoch e uses seed + e)
+  int rank = 0;
+  int world_size = 1;
+  bool shuffle = true;
+};
+
+class SampleLoader {
+ public:
+  // Throws DataError when the source holds fewer than world_size samples.
+  SampleLoader(const TokenSource& source, LoaderOptions options);
+
+  // Global samples per epoch (source size / (seq_len + 1), rounded down to a multiple of the
+  // world size so every rank gets as many).
+  [[nodiscard]] int64_t samples_per_epoch() const noexcept;
+  // This rank's next `micro_batch` samples: `inputs` and `targets` each receive
+  // micro_batch x seq_len ids, row-major (targets are the inputs shifted by one token).
+  // Wraps into the next epoch (reshuffled) when this one runs out.
+  void next(int64_t micro_batch, std::vector<int64_t>& inputs, std::vector<int64_t>& targets);
+  [[nodiscard]] int64_t epoch() const noexcept { return epoch_; }
+  // Global samples consumed so far by all ranks together (for resuming).
+  [[nodiscard]] int64_t global_position() const noexcept;
+  // Continue from a global position (every rank passes the same value).
+  void seek(int64_t global_position);
+
+ private:
+  const TokenSource& source_;
+  LoaderOptions options_;
+  int64_t samples_ = 0;  // global samples per epoch
+  int64_t epoch_ = 0;
+  int64_t cursor_ = 0;          // this epoch's next global index for rank 0's turn
+  std::vector<int64_t> order_;  // this epoch's permutation of [0, samples_)
+};
+
+}  // namespace zinf::data
