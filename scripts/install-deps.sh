@@ -19,6 +19,10 @@ packages=(
   libtorch-dev libgloo-dev
   libopenblas0-openmp
   fio python3
+  python3-torch
+  fortunes fortunes-min
+  gnuplot-nox libgnuplot-iostream-dev
+  libzip-dev clang
 )
 lock_timeout=${ZINF_APT_LOCK_TIMEOUT:-600}
 retry_seconds=${ZINF_APT_LOCK_RETRY:-5}
