@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 
 // Size of the generated corpus: large enough that a small model cannot memorise it in a
 // bare run's steps, small enough to build in a few milliseconds.
-constexpr uint64_t kGeneratedCorpusBytes = 320 * 1024;
+constexpr uint64_t kGeneratedCorpusBytes = uint64_t{320} * 1024;
 
 std::string kib(uint64_t bytes) { return std::to_string((bytes + 512) / 1024) + " KiB"; }
 

@@ -86,7 +86,8 @@ struct LoaderOptions {
 
 class SampleLoader {
  public:
-  // Throws DataError when the source holds fewer than world_size samples.
+  // Throws DataError when the source holds fewer than world_size samples (or seq_len < 1, or
+  // rank is not in [0, world_size)). `source` must outlive the loader.
   SampleLoader(const TokenSource& source, LoaderOptions options);
 
   // Global samples per epoch (source size / (seq_len + 1), rounded down to a multiple of the

@@ -512,15 +512,19 @@ TEST(SampleLoader, SeekReproducesTheSequence) {
   options.seed = seed;
   options.world_size = 2;
   options.rank = 1;
-  for (const int skip_steps : {0, 3, 7, 13}) {  // inside epoch 0, at its end, in epochs 1, 2
+  // Micro-batch 2 on 2 ranks: 4 positions a step. Resume at the start, inside epoch 0,
+  // exactly at its end (20), inside epoch 1 and inside epoch 3.
+  for (const int skip_steps : {0, 3, 5, 7, 16}) {
     SCOPED_TRACE("skip " + std::to_string(skip_steps));
     SampleLoader first(*source, options);
     for (int step = 0; step < skip_steps; ++step) {
-      (void)next_samples(first, 3, 8);
+      (void)next_samples(first, 2, 8);
     }
     const int64_t position = first.global_position();
-    EXPECT_EQ(position, skip_steps * 3 * 2);
+    EXPECT_EQ(position, skip_steps * 2 * 2);
+    EXPECT_EQ(first.epoch(), position / 20);
     std::vector<std::vector<int64_t>> expected;
+    expected.reserve(6);
     for (int step = 0; step < 6; ++step) {
       expected.push_back(next_samples(first, 3, 8));
     }
