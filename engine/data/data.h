@@ -103,7 +103,9 @@ class SampleLoader {
   [[nodiscard]] int64_t epoch() const noexcept { return epoch_; }
   // Global samples consumed so far by all ranks together (for resuming).
   [[nodiscard]] int64_t global_position() const noexcept;
-  // Continue from a global position (every rank passes the same value).
+  // Continue from a global position (every rank passes the same value). Throws DataError when
+  // it is negative or not a multiple of the world size (a position reported after whole
+  // global batches always is).
   void seek(int64_t global_position);
 
  private:

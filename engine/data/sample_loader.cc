@@ -44,6 +44,13 @@ void SampleLoader::seek(int64_t global_position) {
     throw DataError("sampler: cannot seek to global position " + std::to_string(global_position) +
                     " (" + source_.description() + ")");
   }
+  // Positions come in whole turns of world_size (what global_position() reports after any
+  // step); another would leave the ranks' turns astride an epoch end.
+  if (global_position % options_.world_size != 0) {
+    throw DataError("sampler: cannot seek to global position " + std::to_string(global_position) +
+                    ": not a multiple of the world size " + std::to_string(options_.world_size) +
+                    " (" + source_.description() + ")");
+  }
   const int64_t epoch = global_position / samples_;
   cursor_ = global_position % samples_;
   if (epoch != epoch_) {

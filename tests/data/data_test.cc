@@ -583,6 +583,8 @@ TEST(SampleLoader, ErrorsNameTheSource) {
   std::vector<int64_t> targets;
   EXPECT_TRUE(contains(error_of([&] { loader.next(0, inputs, targets); }), "micro-batch 0"));
   EXPECT_TRUE(contains(error_of([&] { loader.seek(-1); }), "global position -1"));
+  EXPECT_TRUE(contains(error_of([&] { loader.seek(3); }),
+                       "global position 3: not a multiple of the world size 2"));
 }
 
 TEST(SplitMix64, MatchesTheReferenceOutput) {
