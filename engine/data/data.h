@@ -64,7 +64,11 @@ class TokenSource {
 // The default corpus: the fortunes files' text concatenated (byte-level), or, when none is
 // found under `fortunes_dir`, a generated text corpus; `note` receives one line saying which
 // ("fortunes: 412 KiB of text from 12 files in /usr/share/games/fortunes" or "the fortunes
-// package is not installed (...); using a generated corpus of N KiB").
+// package is not installed (...); using a generated corpus of N KiB"). The fortunes text is
+// every regular file directly in `fortunes_dir`, in sorted path order, less the `.dat`
+// indexes and the `.u8` links; subfolders (`off/`, the offensive ones) are not read; the `%`
+// separators stay. The generated corpus is the same on every run and platform. Throws
+// DataError when a fortunes file exists but cannot be read.
 [[nodiscard]] std::unique_ptr<TokenSource> default_corpus(
     std::string* note, const std::string& fortunes_dir = "/usr/share/games/fortunes");
 
@@ -82,11 +86,15 @@ struct LoaderOptions {
 
 class SampleLoader {
  public:
-  // Throws DataError when the source holds fewer than world_size samples.
+  // Throws DataError when the source holds fewer than world_size samples (or seq_len < 1, or
+  // rank is not in [0, world_size)). `source` must outlive the loader.
   SampleLoader(const TokenSource& source, LoaderOptions options);
 
   // Global samples per epoch (source size / (seq_len + 1), rounded down to a multiple of the
-  // world size so every rank gets as many).
+  // world size so every rank gets as many). The epoch's order is the first
+  // samples_per_epoch() entries of one seeded permutation of all the source's samples, so
+  // two world sizes that keep the same count (both divide it) see the same global order in
+  // every epoch, and any two see it within the first epoch.
   [[nodiscard]] int64_t samples_per_epoch() const noexcept;
   // This rank's next `micro_batch` samples: `inputs` and `targets` each receive
   // micro_batch x seq_len ids, row-major (targets are the inputs shifted by one token).
@@ -95,16 +103,25 @@ class SampleLoader {
   [[nodiscard]] int64_t epoch() const noexcept { return epoch_; }
   // Global samples consumed so far by all ranks together (for resuming).
   [[nodiscard]] int64_t global_position() const noexcept;
-  // Continue from a global position (every rank passes the same value).
+  // Continue from a global position (every rank passes the same value). Throws DataError when
+  // it is negative or not a multiple of the world size (a position reported after whole
+  // global batches always is).
   void seek(int64_t global_position);
 
  private:
   const TokenSource& source_;
   LoaderOptions options_;
-  int64_t samples_ = 0;  // global samples per epoch
+  // Builds order_ for epoch_.
+  void order_epoch();
+
+  int64_t source_samples_ = 0;  // whole samples in the source (before rounding to ranks)
+  int64_t samples_ = 0;         // global samples per epoch
   int64_t epoch_ = 0;
-  int64_t cursor_ = 0;          // this epoch's next global index for rank 0's turn
-  std::vector<int64_t> order_;  // this epoch's permutation of [0, samples_)
+  int64_t cursor_ = 0;  // this epoch's next global index for rank 0's turn
+  // This epoch's order: the first samples_ entries of a permutation of [0, source_samples_)
+  // (all samples take part in the shuffle; the ones past the multiple of the world size
+  // differ from epoch to epoch, as with DistributedSampler's drop_last).
+  std::vector<int64_t> order_;
 };
 
 }  // namespace zinf::data
