@@ -21,7 +21,6 @@ namespace {
 
 using namespace zip_format;  // NOLINT(google-build-using-namespace): the record layouts
 
-constexpr size_t kBufferBytes = size_t{1} << 20;
 constexpr uint64_t kHoleMinBytes = uint64_t{1} << 16;  // shorter zero runs are written
 
 // Little-endian field appenders for headers assembled in memory.
@@ -59,100 +58,38 @@ uint32_t crc32_of_zeros(uint64_t count) {
   return crc;
 }
 
-std::string errno_text(const std::string& op, int error) {
-  return op + " failed: " + std::strerror(error);
-}
-
 }  // namespace
 
 ZipWriter::ZipWriter(std::string path, Options options)
-    : path_(std::move(path)), options_(options) {
+    : options_(options), file_(std::move(path)) {
   if (!std::has_single_bit(options_.alignment) || options_.alignment > 4096) {
-    throw SerializationError(path_, kNoOffset,
-                             "zip alignment " + std::to_string(options_.alignment) +
-                                 " is not a power of two of at most 4096");
-  }
-  std::string pattern = path_ + ".tmp.XXXXXX";
-  const int fd = ::mkostemp(pattern.data(), O_CLOEXEC);
-  if (fd < 0) {
-    const int error = errno;
-    throw SerializationError(pattern, kNoOffset, errno_text("mkostemp", error));
-  }
-  fd_ = fd;
-  temp_path_ = pattern;
-  buffer_.reserve(kBufferBytes);
-}
-
-ZipWriter::~ZipWriter() {
-  if (fd_ >= 0) {
-    ::close(fd_);  // an error here changes nothing: the file is removed below
-  }
-  if (!finished_ && !temp_path_.empty()) {
-    ::unlink(temp_path_.c_str());
+    fail("zip alignment " + std::to_string(options_.alignment) +
+         " is not a power of two of at most 4096");
   }
 }
 
-void ZipWriter::fail(uint64_t offset, const std::string& what) {
+void ZipWriter::fail(const std::string& what) {
   failed_ = true;
-  throw SerializationError(temp_path_, offset, what);
+  throw SerializationError(file_.temp_path(), file_.offset(), what);
 }
 
 void ZipWriter::check_usable() const {
-  if (finished_) {
-    throw SerializationError(path_, kNoOffset, "zip writer already finished");
+  if (file_.committed()) {
+    throw SerializationError(file_.path(), kNoOffset, "zip writer already finished");
   }
   if (failed_) {
-    throw SerializationError(temp_path_, kNoOffset, "zip writer failed earlier");
+    throw SerializationError(file_.temp_path(), kNoOffset, "zip writer failed earlier");
   }
-}
-
-void ZipWriter::pwrite_all(const uint8_t* bytes, uint64_t length, uint64_t offset) {
-  while (length > 0) {
-    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(length, uint64_t{1} << 30));
-    const ssize_t done = ::pwrite(fd_, bytes, chunk, static_cast<off_t>(offset));
-    if (done < 0) {
-      const int error = errno;
-      if (error == EINTR) continue;
-      fail(offset, errno_text("pwrite", error) + " (" + std::to_string(chunk) + " bytes)");
-    }
-    if (done == 0) {
-      fail(offset, "pwrite made no progress (" + std::to_string(chunk) + " bytes)");
-    }
-    bytes += done;
-    length -= static_cast<uint64_t>(done);
-    offset += static_cast<uint64_t>(done);
-  }
-}
-
-void ZipWriter::flush() {
-  pwrite_all(buffer_.data(), buffer_.size(), buffer_offset_);
-  buffer_.clear();
-  buffer_offset_ = offset_;
-}
-
-void ZipWriter::append(const uint8_t* bytes, uint64_t length) {
-  if (length >= kBufferBytes) {
-    flush();
-    pwrite_all(bytes, length, offset_);
-    offset_ += length;
-    buffer_offset_ = offset_;
-    return;
-  }
-  if (buffer_.size() + length > kBufferBytes) {
-    flush();
-  }
-  buffer_.insert(buffer_.end(), bytes, bytes + length);
-  offset_ += length;
 }
 
 void ZipWriter::begin_record(std::string_view name, uint64_t size_bytes) {
   check_usable();
   close_record();
   if (name.empty() || name.size() > kMax16) {
-    fail(offset_, "record name length " + std::to_string(name.size()) + " is not in 1..65535");
+    fail("record name length " + std::to_string(name.size()) + " is not in 1..65535");
   }
   if (names_.contains(name)) {
-    fail(offset_, "duplicate record name '" + std::string(name) + "'");
+    fail("duplicate record name '" + std::string(name) + "'");
   }
   const bool zip64 = options_.force_zip64 || size_bytes >= kMax32;
   std::vector<uint8_t> header;
@@ -178,7 +115,7 @@ void ZipWriter::begin_record(std::string_view name, uint64_t size_bytes) {
     put64(header, size_bytes);
   }
   // The padding field's own 4-byte header is always written, as torch does.
-  const uint64_t unpadded = offset_ + header.size() + 4;
+  const uint64_t unpadded = file_.offset() + header.size() + 4;
   const uint64_t padding =
       (options_.alignment - unpadded % options_.alignment) % options_.alignment;
   put16(header, kPaddingExtraId);
@@ -188,9 +125,9 @@ void ZipWriter::begin_record(std::string_view name, uint64_t size_bytes) {
   header[extra_length_at] = static_cast<uint8_t>(extra_length);
   header[extra_length_at + 1] = static_cast<uint8_t>(extra_length >> 8);
 
-  records_.push_back(Record{std::string(name), offset_, size_bytes, 0});
+  records_.push_back(Record{std::string(name), file_.offset(), size_bytes, 0});
   names_.emplace(name);
-  append(header.data(), header.size());
+  file_.append(header);
   record_open_ = true;
   record_written_ = 0;
 }
@@ -198,29 +135,29 @@ void ZipWriter::begin_record(std::string_view name, uint64_t size_bytes) {
 void ZipWriter::write(std::span<const uint8_t> chunk) {
   check_usable();
   if (!record_open_) {
-    fail(offset_, "write() with no record open");
+    fail("write() with no record open");
   }
   Record& record = records_.back();
   if (chunk.size() > record.size - record_written_) {
-    fail(offset_, "record '" + record.name + "' declared " + std::to_string(record.size) +
-                      " bytes; writing " + std::to_string(chunk.size()) + " more after " +
-                      std::to_string(record_written_));
+    fail("record '" + record.name + "' declared " + std::to_string(record.size) +
+         " bytes; writing " + std::to_string(chunk.size()) + " more after " +
+         std::to_string(record_written_));
   }
   record.crc = crc32_update(record.crc, chunk);
-  append(chunk.data(), chunk.size());
+  file_.append(chunk);
   record_written_ += chunk.size();
 }
 
 void ZipWriter::write_zeros(uint64_t count) {
   check_usable();
   if (!record_open_) {
-    fail(offset_, "write_zeros() with no record open");
+    fail("write_zeros() with no record open");
   }
   Record& record = records_.back();
   if (count > record.size - record_written_) {
-    fail(offset_, "record '" + record.name + "' declared " + std::to_string(record.size) +
-                      " bytes; writing " + std::to_string(count) + " more after " +
-                      std::to_string(record_written_));
+    fail("record '" + record.name + "' declared " + std::to_string(record.size) +
+         " bytes; writing " + std::to_string(count) + " more after " +
+         std::to_string(record_written_));
   }
   if (count < kHoleMinBytes) {
     static const std::array<uint8_t, kHoleMinBytes> kZeros{};
@@ -229,9 +166,7 @@ void ZipWriter::write_zeros(uint64_t count) {
   }
   record.crc = static_cast<uint32_t>(
       ::crc32_combine(record.crc, crc32_of_zeros(count), static_cast<z_off_t>(count)));
-  flush();
-  offset_ += count;  // a hole: later writes extend the file past it
-  buffer_offset_ = offset_;
+  file_.skip(count);  // a hole: later writes extend the file past it
   record_written_ += count;
 }
 
@@ -244,24 +179,19 @@ void ZipWriter::close_record() {
   if (!record_open_) return;
   const Record& record = records_.back();
   if (record_written_ != record.size) {
-    fail(offset_, "record '" + record.name + "' declared " + std::to_string(record.size) +
-                      " bytes but " + std::to_string(record_written_) + " were written");
+    fail("record '" + record.name + "' declared " + std::to_string(record.size) + " bytes but " +
+         std::to_string(record_written_) + " were written");
   }
   record_open_ = false;
   uint8_t crc[4];
   for (int i = 0; i < 4; ++i) crc[i] = static_cast<uint8_t>(record.crc >> (8 * i));
-  const uint64_t crc_at = record.header_offset + 14;
-  if (crc_at >= buffer_offset_) {
-    std::memcpy(buffer_.data() + (crc_at - buffer_offset_), crc, sizeof(crc));
-  } else {
-    pwrite_all(crc, sizeof(crc), crc_at);
-  }
+  file_.patch(record.header_offset + 14, crc);
 }
 
 void ZipWriter::finish() {
   check_usable();
   close_record();
-  const uint64_t directory_offset = offset_;
+  const uint64_t directory_offset = file_.offset();
   std::vector<uint8_t> out;
   for (const Record& record : records_) {
     out.clear();
@@ -297,15 +227,15 @@ void ZipWriter::finish() {
       }
       if (wide_offset) put64(out, record.header_offset);
     }
-    append(out.data(), out.size());
+    file_.append(out);
   }
-  const uint64_t directory_size = offset_ - directory_offset;
+  const uint64_t directory_size = file_.offset() - directory_offset;
   const uint64_t count = records_.size();
   const bool zip64 = options_.force_zip64 || count >= kMax16 || directory_offset >= kMax32 ||
                      directory_size >= kMax32;
   out.clear();
   if (zip64) {
-    const uint64_t record_offset = offset_;
+    const uint64_t record_offset = file_.offset();
     put32(out, kZip64EocdSignature);
     put64(out, kZip64EocdSize - 12);
     put16(out, kVersionZip64);
@@ -330,38 +260,8 @@ void ZipWriter::finish() {
   put32(out, zip64 ? kMax32 : clamp32(directory_size));
   put32(out, zip64 ? kMax32 : clamp32(directory_offset));
   put16(out, 0);  // comment
-  append(out.data(), out.size());
-  flush();
-
-  if (::fsync(fd_) != 0) {
-    const int error = errno;
-    fail(kNoOffset, errno_text("fsync", error));
-  }
-  const int fd = fd_;
-  fd_ = -1;
-  if (::close(fd) != 0) {
-    const int error = errno;
-    fail(kNoOffset, errno_text("close", error));
-  }
-  if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
-    const int error = errno;
-    fail(kNoOffset, errno_text("rename to " + path_, error));
-  }
-  finished_ = true;
-  // The rename is durable once the directory is synced.
-  std::string directory = std::filesystem::path(path_).parent_path().string();
-  if (directory.empty()) directory = ".";
-  const int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) {
-    const int error = errno;
-    throw SerializationError(directory, kNoOffset, errno_text("open", error));
-  }
-  const int synced = ::fsync(dir_fd);
-  const int error = errno;
-  ::close(dir_fd);
-  if (synced != 0) {
-    throw SerializationError(directory, kNoOffset, errno_text("fsync", error));
-  }
+  file_.append(out);
+  file_.commit();
 }
 
 }  // namespace zinf::serialization

@@ -36,6 +36,8 @@
 #include <utility>
 #include <vector>
 
+#include "engine/serialization/atomic_file.h"
+
 namespace zinf::serialization {
 
 class ZipWriter {
@@ -49,7 +51,6 @@ class ZipWriter {
   // Creates the temporary file beside `path`. Throws SerializationError.
   ZipWriter(std::string path, Options options);
   explicit ZipWriter(std::string path) : ZipWriter(std::move(path), Options{}) {}
-  ~ZipWriter();
   ZipWriter(const ZipWriter&) = delete;
   ZipWriter& operator=(const ZipWriter&) = delete;
 
@@ -65,10 +66,10 @@ class ZipWriter {
   // returns, the archive is complete and durable.
   void finish();
 
-  const std::string& path() const noexcept { return path_; }
-  const std::string& temp_path() const noexcept { return temp_path_; }
+  const std::string& path() const noexcept { return file_.path(); }
+  const std::string& temp_path() const noexcept { return file_.temp_path(); }
   // Bytes of archive produced so far (the offset the next byte lands at).
-  uint64_t offset() const noexcept { return offset_; }
+  uint64_t offset() const noexcept { return file_.offset(); }
 
  private:
   struct Record {
@@ -80,20 +81,11 @@ class ZipWriter {
 
   void check_usable() const;
   void close_record();
-  void append(const uint8_t* bytes, uint64_t length);
-  void flush();
-  void pwrite_all(const uint8_t* bytes, uint64_t length, uint64_t offset);
-  [[noreturn]] void fail(uint64_t offset, const std::string& what);
+  [[noreturn]] void fail(const std::string& what);
 
-  const std::string path_;
   const Options options_;
-  std::string temp_path_;
-  int fd_ = -1;
-  bool finished_ = false;
-  bool failed_ = false;
-  std::vector<uint8_t> buffer_;  // bytes for [buffer_offset_, offset_)
-  uint64_t buffer_offset_ = 0;
-  uint64_t offset_ = 0;
+  AtomicFile file_;
+  bool failed_ = false;  // misuse was reported; the archive cannot be completed
   std::vector<Record> records_;
   std::set<std::string, std::less<>> names_;
   bool record_open_ = false;
