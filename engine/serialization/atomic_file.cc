@@ -1,14 +1,15 @@
 #include "engine/serialization/atomic_file.h"
 
 #include <fcntl.h>
-#include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <random>
 
 #include "engine/serialization/serialization_error.h"
 
@@ -24,15 +25,29 @@ std::string errno_text(const std::string& op, int error) {
 }  // namespace
 
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
-  std::string pattern = path_ + ".tmp.XXXXXX";
-  const int fd = ::mkostemp(pattern.data(), O_CLOEXEC);
-  if (fd < 0) {
-    const int error = errno;
-    throw SerializationError(pattern, kNoOffset, errno_text("mkostemp", error));
+  // Not mkstemp: its files are mode 0600, and the file keeps its temporary file's mode after
+  // the rename. Opened with 0666 the file gets the mode the umask gives any new file.
+  static std::atomic<uint64_t> counter{0};
+  std::random_device random;
+  int error = 0;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    char suffix[32];
+    std::snprintf(suffix, sizeof(suffix), ".tmp.%06x%04x", random() & 0xFFFFFFu,
+                  static_cast<unsigned>(counter.fetch_add(1) & 0xFFFF));
+    std::string candidate = path_ + suffix;
+    const int fd = ::open(candidate.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd >= 0) {
+      fd_ = fd;
+      temp_path_ = std::move(candidate);
+      buffer_.reserve(kBufferBytes);
+      return;
+    }
+    error = errno;
+    if (error != EEXIST && error != EINTR) {
+      throw SerializationError(candidate, kNoOffset, errno_text("open", error));
+    }
   }
-  fd_ = fd;
-  temp_path_ = std::move(pattern);
-  buffer_.reserve(kBufferBytes);
+  throw SerializationError(path_ + ".tmp.*", kNoOffset, errno_text("open", error));
 }
 
 AtomicFile::~AtomicFile() {

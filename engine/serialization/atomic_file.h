@@ -24,7 +24,8 @@ namespace zinf::serialization {
 
 class AtomicFile {
  public:
-  // Creates path + ".tmp.XXXXXX" (mkostemp) in path's directory.
+  // Creates a new file path + ".tmp.<random>" (O_EXCL, mode 0666 less the umask, as any new
+  // file) in path's directory.
   explicit AtomicFile(std::string path);
   ~AtomicFile();
   AtomicFile(const AtomicFile&) = delete;

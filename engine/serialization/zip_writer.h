@@ -11,7 +11,7 @@
 // header afterwards, so no data descriptor is needed and nothing is held in memory beyond a
 // 1 MiB write buffer.
 //
-// Crash safety: everything goes to a temporary file beside `path` (path + ".tmp.XXXXXX");
+// Crash safety: everything goes to a temporary file beside `path` (path + ".tmp.<random>");
 // finish() writes the central directory, fsyncs the file, renames it over `path` and fsyncs
 // the directory. A writer destroyed without a successful finish() removes its temporary file,
 // so `path` is either untouched or the complete archive.

@@ -252,6 +252,23 @@ TEST(ZipWriter, DestroyedWithoutFinishLeavesTargetUntouched) {
   EXPECT_EQ(ZipReader::open(path).read("a").size(), 100u);
 }
 
+// The archive gets the mode any new file gets (0666 less the umask), not a temporary file's
+// 0600.
+TEST(ZipWriter, ArchiveHasTheUmaskMode) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const mode_t old_mask = ::umask(022);
+  {
+    ZipWriter writer(dir.file("m.zip"));
+    writer.add_record("a", std::vector<uint8_t>{1});
+    writer.finish();
+  }
+  ::umask(old_mask);
+  struct stat st {};
+  ASSERT_EQ(::stat(dir.file("m.zip").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0644u);
+}
+
 TEST(ZipWriter, RefusesMisuse) {
   TempDir dir;
   ASSERT_TRUE(dir.ok());
