@@ -431,7 +431,9 @@ TEST(SafetensorsReader, RefusesLyingHeaders) {
       {R"({"a": )", 0, "header JSON"},
       {"{\"a\xff\": 1}", 0, "header JSON"},  // not UTF-8
       {std::string(1000, '['), 0, "not a JSON object"},
-      {"{" + std::string(100000, '[') + "}", 0, "header JSON"},  // deep nesting
+      {"{" + std::string(100000, '[') + "}", 0, "header JSON"},  // deep nesting, unbalanced
+      {R"({"a": )" + std::string(100000, '[') + std::string(100000, ']') + "}", 0,
+       "entry is not an object"},  // deep nesting, balanced: parsed and freed without recursion
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.header.substr(0, 200));

@@ -394,6 +394,24 @@ void poke(std::vector<uint8_t>& bytes, uint64_t at, T value) {
   std::memcpy(&bytes[at], &value, sizeof(T));
 }
 
+// Rewrites a record's size in its central entry (at `central`) and its local header, in the
+// 32-bit fields or, for ZIP64 archives, in the ZIP64 extra fields that follow each name.
+void set_record_size(std::vector<uint8_t>& bytes, uint64_t central, const ZipEntry& entry,
+                     uint64_t size, bool zip64) {
+  if (zip64) {
+    for (const uint64_t extra :
+         {central + 46 + entry.name.size(), entry.local_header_offset + 30 + entry.name.size()}) {
+      poke<uint64_t>(bytes, extra + 4, size);
+      poke<uint64_t>(bytes, extra + 12, size);
+    }
+  } else {
+    for (const uint64_t field : {central + 20, central + 24, entry.local_header_offset + 18,
+                                 entry.local_header_offset + 22}) {
+      poke<uint32_t>(bytes, field, static_cast<uint32_t>(size));
+    }
+  }
+}
+
 class ZipMalformed : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
@@ -477,20 +495,8 @@ TEST_P(ZipMalformed, LyingSizesAreErrors) {
       std::memcpy(&c, &bytes[at + 32], 2);
       at += 46 + n + x + c;
     }
-    const uint64_t huge = layout.directory;  // one more byte than fits
-    if (GetParam()) {
-      const uint64_t extra = at + 46 + last.name.size();
-      poke<uint64_t>(bytes, extra + 4, huge);
-      poke<uint64_t>(bytes, extra + 12, huge);
-      const uint64_t local_extra = last.local_header_offset + 30 + last.name.size();
-      poke<uint64_t>(bytes, local_extra + 4, huge);
-      poke<uint64_t>(bytes, local_extra + 12, huge);
-    } else {
-      poke<uint32_t>(bytes, at + 20, static_cast<uint32_t>(huge));
-      poke<uint32_t>(bytes, at + 24, static_cast<uint32_t>(huge));
-      poke<uint32_t>(bytes, last.local_header_offset + 18, static_cast<uint32_t>(huge));
-      poke<uint32_t>(bytes, last.local_header_offset + 22, static_cast<uint32_t>(huge));
-    }
+    // One more byte than fits before the central directory.
+    set_record_size(bytes, at, last, layout.directory, GetParam());
     expect_error([&] { (void)parse(bytes); }, "runs into the central directory");
   }
 }
@@ -513,19 +519,7 @@ TEST_P(ZipMalformed, OverlappingRecordsAreErrors) {
   // Grow the first record (central and local sizes, CRC not checked) over the second's header.
   const uint64_t grown = second.local_header_offset + 1 - first.data_offset;
   const Layout layout = layout_of(valid_);
-  if (GetParam()) {
-    const uint64_t extra = layout.directory + 46 + first.name.size();
-    poke<uint64_t>(bytes, extra + 4, grown);
-    poke<uint64_t>(bytes, extra + 12, grown);
-    const uint64_t local_extra = first.local_header_offset + 30 + first.name.size();
-    poke<uint64_t>(bytes, local_extra + 4, grown);
-    poke<uint64_t>(bytes, local_extra + 12, grown);
-  } else {
-    poke<uint32_t>(bytes, layout.directory + 20, static_cast<uint32_t>(grown));
-    poke<uint32_t>(bytes, layout.directory + 24, static_cast<uint32_t>(grown));
-    poke<uint32_t>(bytes, first.local_header_offset + 18, static_cast<uint32_t>(grown));
-    poke<uint32_t>(bytes, first.local_header_offset + 22, static_cast<uint32_t>(grown));
-  }
+  set_record_size(bytes, layout.directory, first, grown, GetParam());
   expect_error([&] { (void)parse(bytes); }, "overlaps record '" + first.name + "'");
 }
 
@@ -568,6 +562,9 @@ TEST(ZipReader, OpenNamesMissingFileAndNonZip) {
   write_bytes(text, std::vector<uint8_t>(100, 'a'));
   expect_error([&] { (void)ZipReader::open(text); }, "no zip end-of-central-directory record");
   expect_error([&] { (void)ZipReader::open(dir.path()); }, "not a regular file");
+  const std::string empty = dir.file("empty.zip");
+  write_bytes(empty, {});
+  expect_error([&] { (void)ZipReader::open(empty); }, "file of 0 bytes is too small");
 }
 
 }  // namespace
