@@ -249,7 +249,12 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<TensorSpec> t
     data_bytes_ += bytes;
     ends_.push_back(data_bytes_);
   }
-  std::string text = header.dump();
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const json::exception& e) {  // names or metadata that are not valid UTF-8
+    fail(std::string("header JSON: ") + e.what());
+  }
   text.append((8 - text.size() % 8) % 8, ' ');  // the buffer starts 8-byte aligned
   uint8_t length[kLengthBytes];
   for (size_t i = 0; i < kLengthBytes; ++i)
@@ -487,7 +492,12 @@ void ShardedSafetensorsWriter::finish() {
   root["metadata"] = {{"total_size", index_.total_size}};
   root["weight_map"] = index_.weight_map;
   AtomicFile index(directory_ + "/" + prefix_ + ".safetensors.index.json");
-  const std::string text = root.dump(2) + "\n";
+  std::string text;
+  try {
+    text = root.dump(2) + "\n";
+  } catch (const json::exception& e) {  // unreachable: the names passed the shards' dump()
+    throw SerializationError(index.temp_path(), kNoOffset, std::string("index JSON: ") + e.what());
+  }
   index.append(std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
   index.commit();
 }

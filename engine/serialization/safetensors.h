@@ -115,8 +115,8 @@ uint64_t tensor_bytes(const std::string& file, const std::string& tensor, Dtype 
 
 class SafetensorsWriter {
  public:
-  // Writes the header for `tensors` (names unique, not "__metadata__") to a temporary file
-  // beside `path`. Throws SerializationError.
+  // Writes the header for `tensors` (names unique, not "__metadata__"; names and metadata
+  // valid UTF-8) to a temporary file beside `path`. Throws SerializationError.
   SafetensorsWriter(std::string path, std::vector<TensorSpec> tensors,
                     std::map<std::string, std::string> metadata = {});
   SafetensorsWriter(const SafetensorsWriter&) = delete;

@@ -340,6 +340,8 @@ TEST(SafetensorsWriter, RefusesMisuseAndLeavesNoFile) {
       },
       "given twice");
   expect_error([&] { SafetensorsWriter(path, {{"__metadata__", Dtype::kU8, {1}}}); }, "reserved");
+  expect_error([&] { SafetensorsWriter(path, {{"a\xff", Dtype::kU8, {1}}}); }, "header JSON");
+  expect_error([&] { SafetensorsWriter(path, {}, {{"k", "\xc3"}}); }, "header JSON");
   expect_error(
       [&] {
         SafetensorsWriter(path, {{"a", Dtype::kF64, {uint64_t{1} << 32, uint64_t{1} << 30}}});
