@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <utility>
 
 #include "engine/serialization/serialization_error.h"
@@ -16,6 +17,7 @@ using nlohmann::json;
 
 constexpr uint64_t kLengthBytes = 8;  // the header-length prefix
 constexpr std::string_view kMetadataKey = "__metadata__";
+constexpr size_t kMaxDims = 1024;  // far beyond any real tensor; bounds a shape's memory
 
 struct DtypeRow {
   Dtype dtype;
@@ -42,6 +44,161 @@ bool as_u64(const json& value, uint64_t& out) {
   out = value.get<uint64_t>();
   return true;
 }
+
+// Builds the tensor list straight from the header's JSON events, so memory stays
+// proportional to what is kept (names, shapes), never to the header's nesting or length;
+// anything that is not the safetensors shape is an error at once.
+class HeaderParser : public nlohmann::json_sax<json> {
+ public:
+  HeaderParser(const std::string& file, std::vector<TensorInfo>& tensors,
+               std::map<std::string, std::string>& metadata)
+      : file_(file), tensors_(tensors), metadata_(metadata) {}
+
+  bool null() override { return scalar("null"); }
+  bool boolean(bool value) override { return scalar(value ? "true" : "false"); }
+  bool number_integer(number_integer_t value) override { return scalar(std::to_string(value)); }
+  bool number_unsigned(number_unsigned_t value) override {
+    if (depth_ == 3 && (field_ == Field::kShape || field_ == Field::kOffsets)) {
+      if (field_ == Field::kShape) {
+        if (tensors_.back().shape.size() == kMaxDims) {
+          return fail(where() + "shape has more than " + std::to_string(kMaxDims) + " dimensions");
+        }
+        tensors_.back().shape.push_back(value);
+      } else if (offsets_seen_ < 2) {
+        (offsets_seen_++ == 0 ? tensors_.back().begin : tensors_.back().end) = value;
+      } else {
+        return fail("data_offsets has more than two entries");
+      }
+      return true;
+    }
+    return scalar(std::to_string(value));
+  }
+  bool number_float(number_float_t, const string_t& text) override { return scalar(text); }
+  bool string(string_t& value) override {
+    if (depth_ == 2 && in_metadata_) {
+      metadata_[key_] = value;
+      return true;
+    }
+    if (depth_ == 2 && field_ == Field::kDtype) {
+      const std::optional<Dtype> dtype = parse_dtype(value);
+      if (!dtype) return fail("unknown dtype \"" + value + "\"");
+      tensors_.back().dtype = *dtype;
+      return true;
+    }
+    return scalar("\"" + value + "\"");
+  }
+  bool binary(binary_t&) override { return scalar("binary"); }
+
+  bool start_object(std::size_t) override {
+    if (depth_ == 0) {
+      ++depth_;
+      return true;
+    }
+    if (depth_ == 1) {
+      ++depth_;
+      in_metadata_ = key_ == "__metadata__";
+      if (!in_metadata_) {
+        tensors_.push_back(TensorInfo{});
+        tensors_.back().name = key_;
+        seen_ = 0;
+      }
+      return true;
+    }
+    return scalar("an object");
+  }
+  bool key(string_t& key) override {
+    if (depth_ == 1) {
+      if (!keys_.insert(key).second) return fail("key '" + key + "' appears twice");
+    } else if (depth_ == 2 && !in_metadata_) {
+      const auto it = kFields.find(key);
+      if (it == kFields.end()) return fail(where() + "unknown field '" + key + "'");
+      field_ = it->second;
+      const unsigned bit = 1u << static_cast<unsigned>(field_);
+      if ((seen_ & bit) != 0) return fail(where() + "field '" + key + "' appears twice");
+      seen_ |= bit;
+      return true;
+    } else if (depth_ == 2 && metadata_.contains(key)) {
+      return fail("__metadata__ key '" + key + "' appears twice");
+    }
+    key_ = key;
+    return true;
+  }
+  bool end_object() override {
+    if (depth_ == 2 && !in_metadata_ && seen_ != 0b111) {
+      return fail(where() + "needs dtype, shape and data_offsets");
+    }
+    --depth_;
+    field_ = Field::kNone;
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    if (depth_ == 2 && !in_metadata_ && field_ != Field::kDtype) {
+      ++depth_;
+      offsets_seen_ = 0;
+      return true;
+    }
+    return scalar("an array");
+  }
+  bool end_array() override {
+    if (field_ == Field::kOffsets && offsets_seen_ != 2) {
+      return fail(where() + "data_offsets does not have two entries");
+    }
+    --depth_;
+    return true;
+  }
+  bool parse_error(std::size_t position, const std::string&,
+                   const nlohmann::detail::exception& e) override {
+    error_position_ = position > 0 ? position - 1 : 0;
+    error_ = e.what();
+    return false;
+  }
+
+  uint64_t error_position() const { return error_position_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  enum class Field { kDtype = 0, kShape = 1, kOffsets = 2, kNone = 3 };
+  inline static const std::map<std::string, Field, std::less<>> kFields = {
+      {"dtype", Field::kDtype}, {"shape", Field::kShape}, {"data_offsets", Field::kOffsets}};
+
+  std::string where() const { return "tensor '" + tensors_.back().name + "': "; }
+  [[noreturn]] bool fail(const std::string& what) const {
+    throw SerializationError(file_, kLengthBytes, what);
+  }
+  // A value where the format has none of its kind.
+  bool scalar(const std::string& what) const {
+    if (depth_ == 0) return fail("header is not a JSON object");
+    if (depth_ == 1) {
+      return fail(key_ == "__metadata__" ? "__metadata__ is not an object"
+                                         : "tensor '" + key_ + "': entry is not an object");
+    }
+    if (in_metadata_) return fail("__metadata__ value of '" + key_ + "' is not a string");
+    switch (field_) {
+      case Field::kDtype:
+        return fail(where() + "unknown dtype " + what);
+      case Field::kShape:
+        return fail(where() + "shape entry " + what + " is not a non-negative integer");
+      case Field::kOffsets:
+        return fail(where() + "data_offsets entry " + what + " is not a non-negative integer");
+      case Field::kNone:
+        break;
+    }
+    return fail(where() + "unexpected " + what);
+  }
+
+  const std::string& file_;
+  std::vector<TensorInfo>& tensors_;
+  std::map<std::string, std::string>& metadata_;
+  int depth_ = 0;    // 1: the root object, 2: an entry, 3: an array inside a tensor entry
+  std::string key_;  // the last key at depth 1 or in __metadata__
+  std::set<std::string, std::less<>> keys_;
+  bool in_metadata_ = false;
+  Field field_ = Field::kNone;
+  unsigned seen_ = 0;  // fields of the current tensor, one bit per Field
+  int offsets_seen_ = 0;
+  uint64_t error_position_ = 0;
+  std::string error_;
+};
 
 }  // namespace
 
@@ -110,67 +267,18 @@ void SafetensorsReader::parse() {
   data_offset_ = kLengthBytes + header_bytes;
   const uint64_t buffer_bytes = file_bytes - data_offset_;
   const auto* text = reinterpret_cast<const char*>(bytes_.data() + kLengthBytes);
-  json header;
+  HeaderParser parser(name_, tensors_, metadata_);
+  bool parsed = false;
   try {
-    header = json::parse(text, text + header_bytes);
-  } catch (const json::parse_error& e) {
-    fail(kLengthBytes + (e.byte > 0 ? e.byte - 1 : 0), std::string("header JSON: ") + e.what());
+    parsed = json::sax_parse(text, text + header_bytes, &parser);
   } catch (const json::exception& e) {
     fail(kLengthBytes, std::string("header JSON: ") + e.what());
   }
-  if (!header.is_object()) {
-    fail(kLengthBytes, "header is not a JSON object");
+  if (!parsed) {
+    fail(kLengthBytes + parser.error_position(), "header JSON: " + parser.error());
   }
-  tensors_.reserve(header.size());
-  for (const auto& [key, value] : header.items()) {
-    if (key == kMetadataKey) {
-      if (!value.is_object()) fail(kLengthBytes, "__metadata__ is not an object");
-      for (const auto& [meta_key, meta_value] : value.items()) {
-        if (!meta_value.is_string()) {
-          fail(kLengthBytes, "__metadata__ value of '" + meta_key + "' is not a string");
-        }
-        metadata_.emplace(meta_key, meta_value.get<std::string>());
-      }
-      continue;
-    }
-    const std::string where = "tensor '" + key + "': ";
-    if (!value.is_object()) fail(kLengthBytes, where + "entry is not an object");
-    TensorInfo tensor;
-    tensor.name = key;
-    bool has_dtype = false, has_shape = false, has_offsets = false;
-    for (const auto& [field, field_value] : value.items()) {
-      if (field == "dtype") {
-        const std::optional<Dtype> dtype =
-            field_value.is_string() ? parse_dtype(field_value.get<std::string>()) : std::nullopt;
-        if (!dtype) fail(kLengthBytes, where + "unknown dtype " + field_value.dump());
-        tensor.dtype = *dtype;
-        has_dtype = true;
-      } else if (field == "shape") {
-        if (!field_value.is_array()) fail(kLengthBytes, where + "shape is not an array");
-        tensor.shape.reserve(field_value.size());
-        for (const json& dim : field_value) {
-          uint64_t extent;
-          if (!as_u64(dim, extent)) {
-            fail(kLengthBytes,
-                 where + "shape entry " + dim.dump() + " is not a non-negative integer");
-          }
-          tensor.shape.push_back(extent);
-        }
-        has_shape = true;
-      } else if (field == "data_offsets") {
-        if (!field_value.is_array() || field_value.size() != 2 ||
-            !as_u64(field_value[0], tensor.begin) || !as_u64(field_value[1], tensor.end)) {
-          fail(kLengthBytes, where + "data_offsets " + field_value.dump() +
-                                 " is not a pair of non-negative integers");
-        }
-        has_offsets = true;
-      } else {
-        fail(kLengthBytes, where + "unknown field '" + field + "'");
-      }
-    }
-    if (!has_dtype || !has_shape || !has_offsets) {
-      fail(kLengthBytes, where + "needs dtype, shape and data_offsets");
-    }
+  for (const TensorInfo& tensor : tensors_) {
+    const std::string where = "tensor '" + tensor.name + "': ";
     if (tensor.begin > tensor.end) {
       fail(kLengthBytes, where + "data_offsets begin " + std::to_string(tensor.begin) +
                              " is after end " + std::to_string(tensor.end));
@@ -180,7 +288,6 @@ void SafetensorsReader::parse() {
       fail(kLengthBytes, where + "data_offsets span " + std::to_string(tensor.end - tensor.begin) +
                              " bytes but shape x dtype needs " + std::to_string(expected));
     }
-    tensors_.push_back(std::move(tensor));
   }
   // The tensors must tile the buffer exactly.
   std::sort(tensors_.begin(), tensors_.end(), [](const TensorInfo& a, const TensorInfo& b) {

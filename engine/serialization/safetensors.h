@@ -7,11 +7,14 @@
 //
 // SafetensorsReader maps the file and hands out tensor data as zero-copy spans. It validates
 // the whole header before use: the header length bounded (kMaxHeaderBytes and the file's
-// size), JSON well-formed, every entry with a known dtype, a shape of non-negative integers
-// and offsets begin <= end, byte sizes equal to numel x dtype size (overflow checked), the
-// tensors covering the buffer exactly (contiguous, no gaps, no overlaps, ending at the end of
-// the file), no unknown keys, metadata strings only. Violations throw SerializationError
-// naming the file, the offset (in the file) and what was wrong.
+// size), JSON well-formed UTF-8, every entry with a known dtype, a shape of at most 1024
+// non-negative integers and offsets begin <= end, byte sizes equal to numel x dtype size
+// (overflow checked), the tensors covering the buffer exactly (contiguous, no gaps, no
+// overlaps, ending at the end of the file), no unknown or repeated keys, metadata strings
+// only. The JSON is read as a stream of events (no document tree), so memory follows what is
+// kept — names and shapes — and nesting deeper than the format's is refused where it starts.
+// Violations throw SerializationError naming the file, the offset (in the file) and what was
+// wrong.
 //
 // SafetensorsWriter streams: every tensor is declared up front (the header precedes the
 // data), then each tensor's bytes are written in declaration order, in chunks of any size.

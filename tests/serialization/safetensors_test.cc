@@ -404,6 +404,8 @@ TEST(SafetensorsReader, RefusesLyingHeaders) {
     size_t buffer_bytes;
     std::string error;
   };
+  std::string ones = "1";  // a shape of 1025 ones
+  for (int i = 1; i < 1025; ++i) ones += ",1";
   const std::vector<Case> cases = {
       {"{" + a + "}", 9, "cover 8 bytes of a data buffer of 9"},
       {"{" + a + "}", 7, "past the buffer's 7 bytes"},
@@ -415,9 +417,21 @@ TEST(SafetensorsReader, RefusesLyingHeaders) {
        "leaving a gap after offset 8"},
       {R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}})", 8, "is after end"},
       {R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [-8, 0]}})", 8,
-       "not a pair of non-negative integers"},
+       "data_offsets entry -8 is not a non-negative integer"},
       {R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 18446744073709551616]}})", 8,
-       "not a pair of non-negative integers"},
+       "data_offsets entry 18446744073709551616 is not"},
+      {R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8, 8]}})", 8,
+       "more than two entries"},
+      {R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0]}})", 8,
+       "does not have two entries"},
+      {R"({"a": {"dtype": "F32", "shape": [[2]], "data_offsets": [0, 8]}})", 8,
+       "shape entry an array is not"},
+      {R"({"a": {"dtype": "F32", "shape": [2], "shape": [2], "data_offsets": [0, 8]}})", 8,
+       "field 'shape' appears twice"},
+      {"{" + a + ", " + a + "}", 8, "key 'a' appears twice"},
+      {R"({"__metadata__": {"k": "1", "k": "2"}})", 0, "__metadata__ key 'k' appears twice"},
+      {R"({"a": {"dtype": "U8", "shape": [)" + ones + R"(], "data_offsets": [0, 1]}})", 1,
+       "shape has more than 1024 dimensions"},
       {R"({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})", 8,
        "is not a non-negative integer"},
       {R"({"a": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 8]}})", 8,
@@ -435,7 +449,7 @@ TEST(SafetensorsReader, RefusesLyingHeaders) {
       {std::string(1000, '['), 0, "not a JSON object"},
       {"{" + std::string(100000, '[') + "}", 0, "header JSON"},  // deep nesting, unbalanced
       {R"({"a": )" + std::string(100000, '[') + std::string(100000, ']') + "}", 0,
-       "entry is not an object"},  // deep nesting, balanced: parsed and freed without recursion
+       "entry is not an object"},  // deep nesting, balanced: refused at the first level
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.header.substr(0, 200));
