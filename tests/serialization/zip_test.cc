@@ -353,6 +353,33 @@ print("ok")
   zip_discard(archive);
 }
 
+// More records than the classic end record can count: the ZIP64 end records carry the count.
+TEST(ZipWriter, Zip64ForMoreThan65535Records) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string path = dir.file("many.zip");
+  const size_t count = 70000;
+  {
+    ZipWriter writer(path);
+    for (size_t i = 0; i < count; ++i) {
+      const uint8_t byte = static_cast<uint8_t>(i);
+      writer.add_record("r/" + std::to_string(i), std::span<const uint8_t>(&byte, 1));
+    }
+    writer.finish();
+  }
+  const ZipReader reader = ZipReader::open(path, {.verify_crc = true});
+  ASSERT_EQ(reader.entries().size(), count);
+  EXPECT_EQ(reader.read("r/69999")[0], static_cast<uint8_t>(69999));
+  const testing::PythonResult listed = run_python(dir.path(), "count.py", R"(
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    print(len(z.infolist()), z.read("r/69999")[0])
+)",
+                                                  {path});
+  EXPECT_EQ(listed.status, 0) << listed.output;
+  EXPECT_EQ(listed.output, "70000 " + std::to_string(69999 % 256) + "\n");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Malformed archives.
 
@@ -417,7 +444,11 @@ class ZipMalformed : public ::testing::TestWithParam<bool> {
   void SetUp() override {
     ASSERT_TRUE(dir_.ok());
     valid_ = small_archive(dir_, GetParam());
-    (void)parse(valid_, true);  // the unmodified archive is fine
+    // The unmodified archive is fine, and records are views into the caller's bytes.
+    const ZipReader reader = parse(valid_, true);
+    for (const ZipEntry& entry : reader.entries()) {
+      EXPECT_EQ(reader.data(entry).data(), valid_.data() + entry.data_offset) << entry.name;
+    }
   }
   TempDir dir_;
   std::vector<uint8_t> valid_;
