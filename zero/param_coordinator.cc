@@ -101,6 +101,8 @@ void ParamCoordinator::raise_level(size_t p, Level level) {
       stats_.live_elements += param.numel;
       stats_.live_high_water = std::max(stats_.live_high_water, stats_.live_elements);
     }
+    stats_.gathered_high_water =
+        std::max(stats_.gathered_high_water, stats_.live_elements + stats_.persistent_elements);
   }
 }
 
@@ -337,10 +339,12 @@ void ParamCoordinator::end_pass() {
   ++stats_.passes;
   if (replay_ && !diverged_ && current_.size() != trace_.size()) {
     ++stats_.trace_changes;
+    // A longer pass diverged in enter(): this one is shorter, and the first differing block
+    // is the recorded one that did not come.
     last_warning_ = fmt::format(
-        "stage 3: the pass ended after {} block entries where the recorded trace has {}; "
-        "recording the new order",
-        current_.size(), trace_.size());
+        "stage 3: the pass ended after {} block entries where the recorded trace has block {} "
+        "at trace position {} ({} entries); recording the new order",
+        current_.size(), trace_[current_.size()], current_.size(), trace_.size());
     spdlog::warn("{}", last_warning_);
     diverged_ = true;
   }

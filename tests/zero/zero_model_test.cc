@@ -280,6 +280,40 @@ TEST(ZeroModel, Stage3ReleasesBlockParamsAndCountsTheHighWater) {
   EXPECT_EQ(net->layers[2]->named_parameters()["fc2.weight"].numel(), 0);
 }
 
+// The gathered high-water mark is the memory the gathers take: prefetched parameters count
+// from the issue of their all-gather (not from the wait), persistent ones count too, and the
+// bytes are in the compute precision.
+TEST(ZeroModel, Stage3HighWaterCountsPrefetchedAndPersistentParams) {
+  const NetShape shape;
+  for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
+    SCOPED_TRACE(precision == Precision::kFloat32 ? "fp32" : "bf16");
+    testing::Net net = make_net(shape, 3);
+    offload::CpuAccelerator accelerator(1ull << 30);
+    SingleCommunicator comm;
+    optimizer_cpu::AdamOptimizer adam;
+    ZeroConfig config;
+    config.stage = 3;
+    config.precision = precision;
+    config.param_persistence_threshold = 13;  // each block's scale and fc2.bias
+    config.prefetch_bucket_size = 2000;       // the next two blocks and more
+    config.max_reuse_distance = 0;
+    ZeroModel model(*net, config, accelerator, comm, adam);
+    TrainOptions o;
+    o.steps = 2;
+    train_zero(net, model, shape, o, 3);
+    const ZeroModelStats s = model.stats();
+    const uint64_t element = precision == Precision::kFloat32 ? 4 : 2;
+    const uint64_t block_live = 2 * 13 * 26 + 26;  // fc1, fc2.weight
+    ASSERT_GT(s.coordinator.prefetched, 0u);
+    // A block and at least the next one prefetched, plus persistent params.
+    EXPECT_GE(s.coordinator.live_high_water, 2 * block_live);
+    EXPECT_GT(s.gathered_high_water_bytes, s.coordinator.live_high_water * element);
+    EXPECT_EQ(s.gathered_high_water_elements, s.coordinator.gathered_high_water);
+    EXPECT_EQ(s.gathered_high_water_bytes, s.gathered_high_water_elements * element);
+    EXPECT_LE(s.gathered_high_water_elements, s.coordinator.live_high_water + 4 * 2 * 13);
+  }
+}
+
 TEST(ZeroModel, NanGradientsSkipTheStepAndChangeNothing) {
   NetShape shape;
   testing::Net net = make_net(shape, 5);
