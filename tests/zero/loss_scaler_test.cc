@@ -98,6 +98,33 @@ TEST(LossScaler, WindowDoublesAndHysteresisDelaysTheCut) {
   EXPECT_EQ(s.scale(), 16.0);
 }
 
+TEST(LossScaler, ConsecutiveHysteresisIsRefilledByEveryGoodStep) {
+  LossScaleConfig c;
+  c.initial_scale_power = 4;  // 16
+  c.loss_scale_window = 100;
+  c.hysteresis = 2;
+  for (bool consecutive : {false, true}) {
+    c.consecutive_hysteresis = consecutive;
+    LossScaler s(c);
+    s.update(true);   // hysteresis 2 -> 1
+    s.update(false);  // consecutive: back to 2
+    s.update(true);   // consecutive: 2 -> 1, scale kept; else used up: halved
+    EXPECT_EQ(s.scale(), consecutive ? 16.0 : 8.0) << "consecutive " << consecutive;
+    EXPECT_EQ(s.state().hysteresis_left, 1) << "consecutive " << consecutive;
+  }
+}
+
+TEST(LossScaler, TheCutStopsAtMinLossScale) {
+  LossScaleConfig c;
+  c.initial_scale_power = 2;  // 4
+  c.hysteresis = 1;
+  c.min_loss_scale = 3.0;
+  LossScaler s(c);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 3.0);  // max(4 / 2, 3)
+  EXPECT_THROW(s.update(true), ZeroError);
+}
+
 TEST(LossScaler, StaticScaleNeverChanges) {
   LossScaleConfig c;
   c.loss_scale = 128.0;

@@ -444,6 +444,19 @@ std::vector<RankCase> cases_of(const std::string& suite, const std::string& nvme
       c.reference = ReferenceBatch::kWhole;  // one batch of 4x the size
       cases.push_back(c);
     }
+    // Accumulation into the owner's slice on the NVMe tier (sub-groups that cut through
+    // parameters, written once per micro-batch and read back for the next).
+    RankCase c;
+    c.name = "stage 3, 4 accumulated micro-batches, optimizer on nvme";
+    c.config.stage = 3;
+    c.config.offload_optimizer = OffloadTarget::kNvme;
+    c.config.nvme_paths = {nvme_dir};
+    c.config.sub_group_size = 97;
+    c.config.aio.backend = aio::BackendKind::kPsync;
+    c.micro_batches = 4;
+    c.micro_batch_size = 4;
+    c.reference = ReferenceBatch::kWhole;
+    cases.push_back(c);
   } else if (suite == "steps") {
     // The global overflow check: one Inf on rank 0, in a slice only the last rank owns.
     RankCase in_memory;
@@ -575,7 +588,7 @@ TEST(ZeroMultirank, OverflowSkipsTheStepEverywhereAndLowPrecisionTrainsNearFp32)
 }
 
 TEST(ZeroMultirank, FourAccumulatedMicroBatchesOnTwoRanksMatchOneBatchOfFourTimesTheSize) {
-  expect_parity(2, "accumulation");
+  expect_nvme_parity(2, "accumulation");
 }
 
 // Kills rank `victim` of 3 as `suite` says and checks how the others end.
