@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <utility>
 
@@ -215,6 +216,8 @@ void ParamCoordinator::enter(size_t block) {
   }
   position_ = position;
 
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
   uint64_t needed = 0;
   for (size_t p : own) {
     if (!params_[p].persistent && params_[p].level != kGathered) {
@@ -227,9 +230,11 @@ void ParamCoordinator::enter(size_t block) {
       gather_now(p, false);
     }
   }
+  Clock::duration waited = Clock::now() - start;
   if (replaying()) {
     prefetch_from(position);
   }
+  const Clock::time_point wait_start = Clock::now();
   for (size_t p : own) {
     Param& param = params_[p];
     if (!param.available) {
@@ -239,6 +244,8 @@ void ParamCoordinator::enter(size_t block) {
     param.used = true;
     ++param.active;
   }
+  waited += Clock::now() - wait_start;
+  stats_.block_wait_seconds += std::chrono::duration<double>(waited).count();
 }
 
 void ParamCoordinator::prefetch_from(size_t position) {

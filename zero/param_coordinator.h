@@ -86,6 +86,10 @@ struct CoordinatorStats {
   // Most elements gathered at once, persistent ones included: counted from the issue of a
   // gather (when the fetcher allocates its memory) to its release, prefetches included.
   uint64_t gathered_high_water = 0;
+  // Time enter() spent making its block's own parameters usable — room made, on-demand
+  // fetches issued, gathers waited for: what prefetching did not hide (a prefetch miss).
+  // Issuing the prefetches for later blocks is not counted.
+  double block_wait_seconds = 0.0;
 };
 
 class ParamCoordinator {

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -35,6 +36,13 @@ class FakeFetcher : public ParamFetcher {
     waited_.assign(numels_.size(), false);
   }
 
+  // Busy for `cost` of wall time (a slow fetch step, not a wait for other threads).
+  static void spend(std::chrono::microseconds cost) {
+    const auto until = std::chrono::steady_clock::now() + cost;
+    while (std::chrono::steady_clock::now() < until) {
+    }
+  }
+
   bool start_read(size_t p) override {
     record('r', p);
     EXPECT_EQ(level_[p], 0) << "read of param " << p << " twice";
@@ -54,6 +62,7 @@ class FakeFetcher : public ParamFetcher {
   }
   void start_gather(size_t p) override {
     record('g', p);
+    spend(gather_cost_);
     EXPECT_EQ(level_[p], 2) << "gather of param " << p << " before its copy";
     level_[p] = 3;
     ++gathers_[p];
@@ -67,6 +76,7 @@ class FakeFetcher : public ParamFetcher {
   }
   void wait_gathered(size_t p) override {
     record('w', p);
+    spend(wait_cost_);
     EXPECT_EQ(level_[p], 3) << "wait for param " << p << " that was not gathered";
     waited_[p] = true;
   }
@@ -98,7 +108,9 @@ class FakeFetcher : public ParamFetcher {
   uint64_t high_water_ = 0;
   uint64_t gathered_ = 0;  // persistent ones included
   uint64_t gathered_high_water_ = 0;
-  long reads_left_ = -1;  // -1: unlimited pinned buffers
+  long reads_left_ = -1;                      // -1: unlimited pinned buffers
+  std::chrono::microseconds gather_cost_{0};  // spent in each start_gather
+  std::chrono::microseconds wait_cost_{0};    // spent in each wait_gathered
 
  private:
   void record(char kind, size_t p) { events.push_back({kind, p}); }
@@ -358,6 +370,40 @@ TEST(ParamCoordinator, GatheredHighWaterCountsPrefetchedAndPersistentParams) {
   EXPECT_GT(c.stats().prefetched, 0u);
   EXPECT_EQ(c.stats().gathered_high_water, f.gathered_high_water_);
   EXPECT_EQ(c.stats().live_high_water, f.high_water_);
+}
+
+// block_wait_seconds counts what a block waited for its own params (its on-demand gathers
+// and the waits), not the issue of prefetches for later blocks.
+TEST(ParamCoordinator, BlockWaitCountsOwnFetchesAndNotPrefetchesForLaterBlocks) {
+  using std::chrono::milliseconds;
+  Model m(4, 1, {100});
+  CoordinatorConfig config{1000, 10'000, 10'000};  // every later block prefetched at once
+  FakeFetcher f(m.numels, m.persistent, config.max_live_parameters);
+  ParamCoordinator c(config, m.numels, m.blocks, m.persistent, f);
+  f.wait_cost_ = milliseconds(5);
+  c.begin_pass();
+  for (size_t b : {0, 1, 2, 3}) {
+    c.enter(b);
+    c.leave(b);
+  }
+  c.end_pass();
+  // On demand: 4 waits of 5 ms.
+  EXPECT_GE(c.stats().block_wait_seconds, 0.020);
+  f.wait_cost_ = milliseconds(0);
+  f.gather_cost_ = milliseconds(40);
+  const double before = c.stats().block_wait_seconds;
+  c.begin_pass();
+  c.enter(0);  // block 0 gathered on demand (40 ms), blocks 1-3 prefetched (120 ms)
+  const double entering = c.stats().block_wait_seconds - before;
+  c.leave(0);
+  for (size_t b : {1, 2, 3}) {
+    c.enter(b);
+    c.leave(b);
+  }
+  c.end_pass();
+  EXPECT_EQ(c.stats().prefetched, 3u);
+  EXPECT_GE(entering, 0.040);
+  EXPECT_LT(entering, 0.140) << "the prefetches' issue was counted as block 0's wait";
 }
 
 TEST(ParamCoordinator, PersistentParamsAreGatheredOnceAndNotCountedAsLive) {
