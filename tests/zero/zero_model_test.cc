@@ -314,6 +314,42 @@ TEST(ZeroModel, Stage3HighWaterCountsPrefetchedAndPersistentParams) {
   }
 }
 
+// Bytes moved per tier: with no prefetch, no persistence and reuse only of the last block,
+// the first step (recorded, on demand) fetches 8 blocks, later ones 7 (the last block is
+// kept from its forward to its backward) — each an NVMe read and a host->device copy of
+// its params — and every step writes each managed param back once after the update.
+TEST(ZeroModel, Stage3CountsTheBytesEachTierMoves) {
+  ::zinf::testing::TempDir dir;
+  const NetShape shape;
+  testing::Net net = make_net(shape, 4);
+  offload::CpuAccelerator accelerator(1ull << 30);
+  SingleCommunicator comm;
+  optimizer_cpu::AdamOptimizer adam;
+  ZeroConfig config;
+  config.stage = 3;
+  config.offload_param = OffloadTarget::kNvme;
+  config.param_max_in_cpu = 0;
+  config.param_persistence_threshold = 0;
+  config.prefetch_bucket_size = 0;
+  config.max_reuse_distance = 0;
+  config.nvme_paths = {dir.path()};
+  config.aio.backend = aio::BackendKind::kPsync;
+  ZeroModel model(*net, config, accelerator, comm, adam);
+  const uint64_t block_bytes = (2 * 13 * 26 + 26 + 13 + 13) * 4;
+  const offload::OffloadCounters initial = model.stats().param_swap;
+  EXPECT_EQ(initial.nvme_bytes_written, 4 * block_bytes) << "the initial slices";
+  TrainOptions o;
+  o.steps = 2;
+  train_zero(net, model, shape, o, 4);
+  const ZeroModelStats s = model.stats();
+  EXPECT_EQ(s.params.h2d_bytes, (8 + 7) * block_bytes);
+  EXPECT_EQ(s.param_swap.nvme_bytes_read, (8 + 7) * block_bytes);
+  EXPECT_EQ(s.param_swap.nvme_bytes_written - initial.nvme_bytes_written, 2 * 4 * block_bytes);
+  EXPECT_EQ(s.params.gathers, 0u) << "one rank: nothing to all-gather";
+  EXPECT_EQ(s.coordinator.on_demand, (8u + 7) * 5);  // 5 params per block
+  EXPECT_EQ(s.coordinator.retained, 5u);
+}
+
 TEST(ZeroModel, NanGradientsSkipTheStepAndChangeNothing) {
   NetShape shape;
   testing::Net net = make_net(shape, 5);
