@@ -80,12 +80,17 @@ TEST(LossScaler, DynamicMatchesTheRuleOnRandomSequences) {
   }
 }
 
-TEST(LossScaler, WindowDoublesAndHysteresisDelaysTheCut) {
+// A dynamic scale from 2^power.
+LossScaleConfig dynamic_config(int power, int window, int hysteresis) {
   LossScaleConfig c;
-  c.initial_scale_power = 4;  // 16
-  c.loss_scale_window = 2;
-  c.hysteresis = 2;
-  LossScaler s(c);
+  c.initial_scale_power = power;
+  c.loss_scale_window = window;
+  c.hysteresis = hysteresis;
+  return c;
+}
+
+TEST(LossScaler, WindowDoublesAndHysteresisDelaysTheCut) {
+  LossScaler s(dynamic_config(4, 2, 2));  // 16
   EXPECT_TRUE(s.dynamic());
   EXPECT_EQ(s.scale(), 16.0);
   s.update(false);  // iteration 0: (0 - -1) % 2 != 0
@@ -99,10 +104,7 @@ TEST(LossScaler, WindowDoublesAndHysteresisDelaysTheCut) {
 }
 
 TEST(LossScaler, ConsecutiveHysteresisIsRefilledByEveryGoodStep) {
-  LossScaleConfig c;
-  c.initial_scale_power = 4;  // 16
-  c.loss_scale_window = 100;
-  c.hysteresis = 2;
+  LossScaleConfig c = dynamic_config(4, 100, 2);  // 16
   for (bool consecutive : {false, true}) {
     c.consecutive_hysteresis = consecutive;
     LossScaler s(c);
@@ -115,9 +117,7 @@ TEST(LossScaler, ConsecutiveHysteresisIsRefilledByEveryGoodStep) {
 }
 
 TEST(LossScaler, TheCutStopsAtMinLossScale) {
-  LossScaleConfig c;
-  c.initial_scale_power = 2;  // 4
-  c.hysteresis = 1;
+  LossScaleConfig c = dynamic_config(2, 1000, 1);  // 4
   c.min_loss_scale = 3.0;
   LossScaler s(c);
   s.update(true);

@@ -69,6 +69,19 @@ void check_parity(const Case& c, const std::string& nvme_dir) {
   max_relative_error(model.gather_master(), model.params(), ref);
 }
 
+// The test net (`shape`, initial values from `seed`) under a ZeroModel on one rank, with
+// the accelerator, communicator and optimizer it needs.
+struct OneRank {
+  OneRank(const NetShape& shape, uint64_t seed, const ZeroConfig& config)
+      : net(make_net(shape, seed)), model(*net, config, accelerator, comm, adam) {}
+
+  testing::Net net;
+  offload::CpuAccelerator accelerator{1ull << 30};
+  SingleCommunicator comm;
+  optimizer_cpu::AdamOptimizer adam;
+  ZeroModel model;
+};
+
 TEST(ZeroModelParity, EveryStageMatchesPlainLibTorch) {
   for (int stage = 0; stage <= 3; ++stage) {
     Case c{"stage " + std::to_string(stage), {}, {}, {}};
@@ -255,16 +268,14 @@ TEST(ZeroModel, TiedParameterIsOneParamWithAnAlias) {
 
 TEST(ZeroModel, Stage3ReleasesBlockParamsAndCountsTheHighWater) {
   NetShape shape;
-  testing::Net net = make_net(shape, 3);
-  offload::CpuAccelerator accelerator(1ull << 30);
-  SingleCommunicator comm;
-  optimizer_cpu::AdamOptimizer adam;
   ZeroConfig config;
   config.stage = 3;
   config.param_persistence_threshold = 0;
   config.prefetch_bucket_size = 0;
   config.max_reuse_distance = 0;  // only the last block, used again at once, is kept
-  ZeroModel model(*net, config, accelerator, comm, adam);
+  OneRank one(shape, 3, config);
+  testing::Net& net = one.net;
+  ZeroModel& model = one.model;
   // Outside a step, block params hold no storage; the head (outside blocks) keeps its own.
   EXPECT_EQ(net->layers[0]->named_parameters()["fc1.weight"].numel(), 0);
   EXPECT_EQ(net->head->weight.numel(), shape.out * shape.dim);
@@ -287,21 +298,17 @@ TEST(ZeroModel, Stage3HighWaterCountsPrefetchedAndPersistentParams) {
   const NetShape shape;
   for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
     SCOPED_TRACE(precision == Precision::kFloat32 ? "fp32" : "bf16");
-    testing::Net net = make_net(shape, 3);
-    offload::CpuAccelerator accelerator(1ull << 30);
-    SingleCommunicator comm;
-    optimizer_cpu::AdamOptimizer adam;
     ZeroConfig config;
     config.stage = 3;
     config.precision = precision;
     config.param_persistence_threshold = 13;  // each block's scale and fc2.bias
     config.prefetch_bucket_size = 2000;       // the next two blocks and more
     config.max_reuse_distance = 0;
-    ZeroModel model(*net, config, accelerator, comm, adam);
+    OneRank one(shape, 3, config);
     TrainOptions o;
     o.steps = 2;
-    train_zero(net, model, shape, o, 3);
-    const ZeroModelStats s = model.stats();
+    train_zero(one.net, one.model, shape, o, 3);
+    const ZeroModelStats s = one.model.stats();
     const uint64_t element = precision == Precision::kFloat32 ? 4 : 2;
     const uint64_t block_live = 2 * 13 * 26 + 26;  // fc1, fc2.weight
     ASSERT_GT(s.coordinator.prefetched, 0u);
@@ -321,10 +328,6 @@ TEST(ZeroModel, Stage3HighWaterCountsPrefetchedAndPersistentParams) {
 TEST(ZeroModel, Stage3CountsTheBytesEachTierMoves) {
   ::zinf::testing::TempDir dir;
   const NetShape shape;
-  testing::Net net = make_net(shape, 4);
-  offload::CpuAccelerator accelerator(1ull << 30);
-  SingleCommunicator comm;
-  optimizer_cpu::AdamOptimizer adam;
   ZeroConfig config;
   config.stage = 3;
   config.offload_param = OffloadTarget::kNvme;
@@ -334,14 +337,14 @@ TEST(ZeroModel, Stage3CountsTheBytesEachTierMoves) {
   config.max_reuse_distance = 0;
   config.nvme_paths = {dir.path()};
   config.aio.backend = aio::BackendKind::kPsync;
-  ZeroModel model(*net, config, accelerator, comm, adam);
+  OneRank one(shape, 4, config);
   const uint64_t block_bytes = (2 * 13 * 26 + 26 + 13 + 13) * 4;
-  const offload::OffloadCounters initial = model.stats().param_swap;
+  const offload::OffloadCounters initial = one.model.stats().param_swap;
   EXPECT_EQ(initial.nvme_bytes_written, 4 * block_bytes) << "the initial slices";
   TrainOptions o;
   o.steps = 2;
-  train_zero(net, model, shape, o, 4);
-  const ZeroModelStats s = model.stats();
+  train_zero(one.net, one.model, shape, o, 4);
+  const ZeroModelStats s = one.model.stats();
   EXPECT_EQ(s.params.h2d_bytes, (8 + 7) * block_bytes);
   EXPECT_EQ(s.param_swap.nvme_bytes_read, (8 + 7) * block_bytes);
   EXPECT_EQ(s.param_swap.nvme_bytes_written - initial.nvme_bytes_written, 2 * 4 * block_bytes);

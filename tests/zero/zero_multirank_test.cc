@@ -368,6 +368,15 @@ void train_and_compare(const RankCase& c, Communicator& comm, uint64_t seed) {
   }
 }
 
+// The optimizer's states on NVMe under `dir` (psync), in sub-groups of 97 elements that cut
+// through parameters.
+void optimizer_on_nvme(ZeroConfig& config, const std::string& dir) {
+  config.offload_optimizer = OffloadTarget::kNvme;
+  config.nvme_paths = {dir};
+  config.sub_group_size = 97;
+  config.aio.backend = aio::BackendKind::kPsync;
+}
+
 std::vector<RankCase> cases_of(const std::string& suite, const std::string& nvme_dir) {
   std::vector<RankCase> cases;
   if (suite == "stages") {
@@ -381,27 +390,27 @@ std::vector<RankCase> cases_of(const std::string& suite, const std::string& nvme
       }
       cases.push_back(c);
     }
-    // Small buckets: several reduce-scatters in flight per backward.
-    RankCase c;
-    c.name = "stage 2, small buckets";
-    c.config.stage = 2;
-    c.config.reduce_bucket_size = 100;
-    cases.push_back(c);
-    // reduce_scatter false: each bucket all-reduced, every rank keeping its slices; and
-    // without overlap_comm, each bucket waited for at once.
-    RankCase all_reduce;
-    all_reduce.name = "stage 2, reduce_scatter false, small buckets";
-    all_reduce.config.stage = 2;
-    all_reduce.config.reduce_scatter = false;
-    all_reduce.config.reduce_bucket_size = 100;
-    cases.push_back(all_reduce);
-    RankCase serial;
-    serial.name = "stage 3, reduce_scatter and overlap_comm false";
-    serial.config.stage = 3;
-    serial.config.reduce_scatter = false;
-    serial.config.overlap_comm = false;
-    serial.config.reduce_bucket_size = 300;
-    cases.push_back(serial);
+    // Small buckets, several reductions in flight per backward: reduce-scattered; all-reduced
+    // with every rank keeping its slices (reduce_scatter false); and each waited for at once
+    // (overlap_comm false).
+    struct Reduction {
+      const char* name;
+      int stage;
+      bool reduce_scatter, overlap_comm;
+      uint64_t bucket;
+    };
+    for (const Reduction& r :
+         {Reduction{"stage 2, small buckets", 2, true, true, 100},
+          Reduction{"stage 2, reduce_scatter false, small buckets", 2, false, true, 100},
+          Reduction{"stage 3, reduce_scatter and overlap_comm false", 3, false, false, 300}}) {
+      RankCase c;
+      c.name = r.name;
+      c.config.stage = r.stage;
+      c.config.reduce_scatter = r.reduce_scatter;
+      c.config.overlap_comm = r.overlap_comm;
+      c.config.reduce_bucket_size = r.bucket;
+      cases.push_back(c);
+    }
     // Tied parameters: blocks 1 and 2 share fc1; its gradients are summed before reduction.
     RankCase tied;
     tied.name = "stage 3, tied parameters";
@@ -423,10 +432,8 @@ std::vector<RankCase> cases_of(const std::string& suite, const std::string& nvme
     RankCase c;
     c.name = "stage 3, params and optimizer on nvme";
     c.config.stage = 3;
-    c.config.offload_optimizer = OffloadTarget::kNvme;
+    optimizer_on_nvme(c.config, nvme_dir);
     c.config.offload_param = OffloadTarget::kNvme;
-    c.config.nvme_paths = {nvme_dir};
-    c.config.sub_group_size = 97;     // sub-groups cut through parameters
     c.config.param_buffer_size = 50;  // partitions split over several pool buffers
     c.config.param_buffer_count = 8;
     c.config.param_max_in_cpu = 0;
@@ -435,28 +442,21 @@ std::vector<RankCase> cases_of(const std::string& suite, const std::string& nvme
     c.config.aio.backend = aio::BackendKind::kPsync;
     cases.push_back(c);
   } else if (suite == "accumulation") {
-    for (int stage = 0; stage <= 3; ++stage) {
+    // Every stage, and stage 3 again with the accumulation into the owner's slice on the
+    // NVMe tier (each sub-group written once per micro-batch and read back for the next).
+    for (int variant = 0; variant <= 4; ++variant) {
       RankCase c;
-      c.name = "stage " + std::to_string(stage) + ", 4 accumulated micro-batches";
-      c.config.stage = stage;
+      c.config.stage = std::min(variant, 3);
+      c.name = "stage " + std::to_string(c.config.stage) + ", 4 accumulated micro-batches";
+      if (variant == 4) {
+        c.name += ", optimizer on nvme";
+        optimizer_on_nvme(c.config, nvme_dir);
+      }
       c.micro_batches = 4;
       c.micro_batch_size = 4;
       c.reference = ReferenceBatch::kWhole;  // one batch of 4x the size
       cases.push_back(c);
     }
-    // Accumulation into the owner's slice on the NVMe tier (sub-groups that cut through
-    // parameters, written once per micro-batch and read back for the next).
-    RankCase c;
-    c.name = "stage 3, 4 accumulated micro-batches, optimizer on nvme";
-    c.config.stage = 3;
-    c.config.offload_optimizer = OffloadTarget::kNvme;
-    c.config.nvme_paths = {nvme_dir};
-    c.config.sub_group_size = 97;
-    c.config.aio.backend = aio::BackendKind::kPsync;
-    c.micro_batches = 4;
-    c.micro_batch_size = 4;
-    c.reference = ReferenceBatch::kWhole;
-    cases.push_back(c);
   } else if (suite == "steps") {
     // The global overflow check: one Inf on rank 0, in a slice only the last rank owns.
     RankCase in_memory;
@@ -467,11 +467,8 @@ std::vector<RankCase> cases_of(const std::string& suite, const std::string& nvme
     RankCase on_nvme;
     on_nvme.name = "stage 3 on nvme, an Inf in one gradient element of rank 0";
     on_nvme.config.stage = 3;
-    on_nvme.config.offload_optimizer = OffloadTarget::kNvme;
+    optimizer_on_nvme(on_nvme.config, nvme_dir);
     on_nvme.config.offload_param = OffloadTarget::kNvme;
-    on_nvme.config.nvme_paths = {nvme_dir};
-    on_nvme.config.sub_group_size = 97;
-    on_nvme.config.aio.backend = aio::BackendKind::kPsync;
     on_nvme.overflow_step = 2;
     cases.push_back(on_nvme);
     // bf16 and fp16 (dynamic loss scale) params and grads with fp32 master weights.
