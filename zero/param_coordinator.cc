@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <utility>
 
@@ -101,6 +102,8 @@ void ParamCoordinator::raise_level(size_t p, Level level) {
       stats_.live_elements += param.numel;
       stats_.live_high_water = std::max(stats_.live_high_water, stats_.live_elements);
     }
+    stats_.gathered_high_water =
+        std::max(stats_.gathered_high_water, stats_.live_elements + stats_.persistent_elements);
   }
 }
 
@@ -213,6 +216,8 @@ void ParamCoordinator::enter(size_t block) {
   }
   position_ = position;
 
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
   uint64_t needed = 0;
   for (size_t p : own) {
     if (!params_[p].persistent && params_[p].level != kGathered) {
@@ -225,9 +230,11 @@ void ParamCoordinator::enter(size_t block) {
       gather_now(p, false);
     }
   }
+  Clock::duration waited = Clock::now() - start;
   if (replaying()) {
     prefetch_from(position);
   }
+  const Clock::time_point wait_start = Clock::now();
   for (size_t p : own) {
     Param& param = params_[p];
     if (!param.available) {
@@ -237,6 +244,8 @@ void ParamCoordinator::enter(size_t block) {
     param.used = true;
     ++param.active;
   }
+  waited += Clock::now() - wait_start;
+  stats_.block_wait_seconds += std::chrono::duration<double>(waited).count();
 }
 
 void ParamCoordinator::prefetch_from(size_t position) {
@@ -337,10 +346,12 @@ void ParamCoordinator::end_pass() {
   ++stats_.passes;
   if (replay_ && !diverged_ && current_.size() != trace_.size()) {
     ++stats_.trace_changes;
+    // A longer pass diverged in enter(): this one is shorter, and the first differing block
+    // is the recorded one that did not come.
     last_warning_ = fmt::format(
-        "stage 3: the pass ended after {} block entries where the recorded trace has {}; "
-        "recording the new order",
-        current_.size(), trace_.size());
+        "stage 3: the pass ended after {} block entries where the recorded trace has block {} "
+        "at trace position {} ({} entries); recording the new order",
+        current_.size(), trace_[current_.size()], current_.size(), trace_.size());
     spdlog::warn("{}", last_warning_);
     diverged_ = true;
   }

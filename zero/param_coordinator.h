@@ -26,9 +26,10 @@
 //     first), then prefetched ones (farthest first). A block that alone needs more than the
 //     limit is refused at construction (ZeroError with the numbers).
 //   - Trace change. A pass whose blocks differ from the recording logs one warning naming
-//     the position and the first differing block, falls back to on demand for the rest of
-//     the pass (releasing what it prefetched for the old order), and the new order is
-//     recorded for the next pass.
+//     the position and the first differing block (for a pass that ends early: the recorded
+//     block that did not come), falls back to on demand for the rest of the pass (releasing
+//     what it prefetched for the old order), and the new order is recorded for the next
+//     pass.
 //
 // The data movement is the ParamFetcher's (declared below; zero/param_store.h implements it
 // over the tiers); tests drive the coordinator with a fake one that checks the limits at
@@ -82,6 +83,13 @@ struct CoordinatorStats {
   uint64_t retained = 0;             // releases skipped for reuse
   uint64_t trace_changes = 0;        // passes that diverged from the recording
   uint64_t passes = 0;
+  // Most elements gathered at once, persistent ones included: counted from the issue of a
+  // gather (when the fetcher allocates its memory) to its release, prefetches included.
+  uint64_t gathered_high_water = 0;
+  // Time enter() spent making its block's own parameters usable — room made, on-demand
+  // fetches issued, gathers waited for: what prefetching did not hide (a prefetch miss).
+  // Issuing the prefetches for later blocks is not counted.
+  double block_wait_seconds = 0.0;
 };
 
 class ParamCoordinator {

@@ -301,18 +301,8 @@ void ZeroModel::partition(const Initializer& initializer) {
     cc.max_reuse_distance = config_.max_reuse_distance;
     coordinator_ = std::make_unique<ParamCoordinator>(
         cc, std::move(numels_managed), std::move(block_params), std::move(persistent), *store_);
-    store_->set_callbacks(
-        [this](size_t m, void* data) {
-          Param& p = params_[managed_[m]];
-          bind(p, data);
-          gathered_bytes_ += p.numel * dtype_size(dtype_);
-          gathered_high_water_bytes_ = std::max(gathered_high_water_bytes_, gathered_bytes_);
-        },
-        [this](size_t m) {
-          Param& p = params_[managed_[m]];
-          unbind(p);
-          gathered_bytes_ -= p.numel * dtype_size(dtype_);
-        });
+    store_->set_callbacks([this](size_t m, void* data) { bind(params_[managed_[m]], data); },
+                          [this](size_t m) { unbind(params_[managed_[m]]); });
   }
 
   reducer_ =
@@ -584,7 +574,8 @@ ZeroModelStats ZeroModel::stats() const {
     s.resident_bytes += p.storage.size();
   }
   s.device = accelerator_.memory_stats();
-  s.gathered_high_water_bytes = gathered_high_water_bytes_;
+  s.gathered_high_water_elements = s.coordinator.gathered_high_water;
+  s.gathered_high_water_bytes = s.gathered_high_water_elements * dtype_size(dtype_);
   s.allgather_seconds = allgather_seconds_;
   return s;
 }

@@ -76,12 +76,16 @@ struct ZeroModelStats {
   offload::OffloadCounters param_swap;      // offload_param nvme
   offload::OffloadCounters optimizer_swap;  // the optimizer tier
   offload::AcceleratorMemoryStats device;
-  uint64_t gathered_high_water_bytes = 0;  // stage 3: most gathered bytes at once
-  uint64_t resident_bytes = 0;             // device bytes of resident parameters
-  uint64_t pinned_bytes = 0;               // pools and staging buffers
-  uint64_t host_bytes = 0;                 // CPU-tier slices and in-memory optimizer arrays
-  uint64_t nvme_bytes = 0;                 // swap files
-  double allgather_seconds = 0.0;          // after-step gathers of resident parameters
+  uint64_t resident_bytes = 0;     // device bytes of resident parameters
+  uint64_t pinned_bytes = 0;       // pools and staging buffers
+  uint64_t host_bytes = 0;         // CPU-tier slices and in-memory optimizer arrays
+  uint64_t nvme_bytes = 0;         // swap files
+  double allgather_seconds = 0.0;  // after-step gathers of resident parameters
+  // Stage 3: most elements (bytes: in the compute precision) of full parameters gathered
+  // at once, persistent ones and prefetches in flight included — from the issue of each
+  // all-gather, when its memory is taken, to its release.
+  uint64_t gathered_high_water_elements = 0;
+  uint64_t gathered_high_water_bytes = 0;
 };
 
 class ZeroModel {
@@ -184,8 +188,6 @@ class ZeroModel {
   bool in_micro_batch_ = false;
   bool in_eval_ = false;
   std::vector<bool> outside_grad_seen_;  // this micro-batch, per params_ index
-  uint64_t gathered_bytes_ = 0;
-  uint64_t gathered_high_water_bytes_ = 0;
   double allgather_seconds_ = 0.0;
 };
 

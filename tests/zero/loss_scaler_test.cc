@@ -80,12 +80,17 @@ TEST(LossScaler, DynamicMatchesTheRuleOnRandomSequences) {
   }
 }
 
-TEST(LossScaler, WindowDoublesAndHysteresisDelaysTheCut) {
+// A dynamic scale from 2^power.
+LossScaleConfig dynamic_config(int power, int window, int hysteresis) {
   LossScaleConfig c;
-  c.initial_scale_power = 4;  // 16
-  c.loss_scale_window = 2;
-  c.hysteresis = 2;
-  LossScaler s(c);
+  c.initial_scale_power = power;
+  c.loss_scale_window = window;
+  c.hysteresis = hysteresis;
+  return c;
+}
+
+TEST(LossScaler, WindowDoublesAndHysteresisDelaysTheCut) {
+  LossScaler s(dynamic_config(4, 2, 2));  // 16
   EXPECT_TRUE(s.dynamic());
   EXPECT_EQ(s.scale(), 16.0);
   s.update(false);  // iteration 0: (0 - -1) % 2 != 0
@@ -96,6 +101,28 @@ TEST(LossScaler, WindowDoublesAndHysteresisDelaysTheCut) {
   EXPECT_EQ(s.scale(), 32.0);
   s.update(true);  // hysteresis used up -> halves
   EXPECT_EQ(s.scale(), 16.0);
+}
+
+TEST(LossScaler, ConsecutiveHysteresisIsRefilledByEveryGoodStep) {
+  LossScaleConfig c = dynamic_config(4, 100, 2);  // 16
+  for (bool consecutive : {false, true}) {
+    c.consecutive_hysteresis = consecutive;
+    LossScaler s(c);
+    s.update(true);   // hysteresis 2 -> 1
+    s.update(false);  // consecutive: back to 2
+    s.update(true);   // consecutive: 2 -> 1, scale kept; else used up: halved
+    EXPECT_EQ(s.scale(), consecutive ? 16.0 : 8.0) << "consecutive " << consecutive;
+    EXPECT_EQ(s.state().hysteresis_left, 1) << "consecutive " << consecutive;
+  }
+}
+
+TEST(LossScaler, TheCutStopsAtMinLossScale) {
+  LossScaleConfig c = dynamic_config(2, 1000, 1);  // 4
+  c.min_loss_scale = 3.0;
+  LossScaler s(c);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 3.0);  // max(4 / 2, 3)
+  EXPECT_THROW(s.update(true), ZeroError);
 }
 
 TEST(LossScaler, StaticScaleNeverChanges) {

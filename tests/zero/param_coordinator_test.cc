@@ -5,9 +5,13 @@
 #include "zero/param_coordinator.h"
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -32,6 +36,13 @@ class FakeFetcher : public ParamFetcher {
     waited_.assign(numels_.size(), false);
   }
 
+  // Busy for `cost` of wall time (a slow fetch step, not a wait for other threads).
+  static void spend(std::chrono::microseconds cost) {
+    const auto until = std::chrono::steady_clock::now() + cost;
+    while (std::chrono::steady_clock::now() < until) {
+    }
+  }
+
   bool start_read(size_t p) override {
     record('r', p);
     EXPECT_EQ(level_[p], 0) << "read of param " << p << " twice";
@@ -51,9 +62,12 @@ class FakeFetcher : public ParamFetcher {
   }
   void start_gather(size_t p) override {
     record('g', p);
+    spend(gather_cost_);
     EXPECT_EQ(level_[p], 2) << "gather of param " << p << " before its copy";
     level_[p] = 3;
     ++gathers_[p];
+    gathered_ += numels_[p];
+    gathered_high_water_ = std::max(gathered_high_water_, gathered_);
     if (!persistent_[p]) {
       live_ += numels_[p];
       high_water_ = std::max(high_water_, live_);
@@ -62,18 +76,21 @@ class FakeFetcher : public ParamFetcher {
   }
   void wait_gathered(size_t p) override {
     record('w', p);
+    spend(wait_cost_);
     EXPECT_EQ(level_[p], 3) << "wait for param " << p << " that was not gathered";
     waited_[p] = true;
   }
   void release(size_t p) override {
     record('x', p);
     EXPECT_GT(level_[p], 0) << "release of param " << p << " that holds nothing";
-    if (level_[p] == 3 && !persistent_[p]) {
-      live_ -= numels_[p];
+    if (level_[p] == 3) {
+      gathered_ -= numels_[p];
+      if (!persistent_[p]) {
+        live_ -= numels_[p];
+      }
     }
     level_[p] = 0;
     waited_[p] = false;
-    if (level_[p] == 1) --reads_held_;
   }
 
   // The block's params are gathered and waited for (checked after enter()).
@@ -89,8 +106,11 @@ class FakeFetcher : public ParamFetcher {
   std::map<size_t, int> gathers_;
   uint64_t live_ = 0;
   uint64_t high_water_ = 0;
-  long reads_left_ = -1;  // -1: unlimited pinned buffers
-  long reads_held_ = 0;
+  uint64_t gathered_ = 0;  // persistent ones included
+  uint64_t gathered_high_water_ = 0;
+  long reads_left_ = -1;                      // -1: unlimited pinned buffers
+  std::chrono::microseconds gather_cost_{0};  // spent in each start_gather
+  std::chrono::microseconds wait_cost_{0};    // spent in each wait_gathered
 
  private:
   void record(char kind, size_t p) { events.push_back({kind, p}); }
@@ -137,6 +157,31 @@ void run_pass(ParamCoordinator& c, FakeFetcher& f, const Model& m,
   c.end_pass();
 }
 
+// The warnings spdlog's default logger emits during its lifetime.
+class WarningLog {
+ public:
+  WarningLog()
+      : previous_(spdlog::default_logger()),
+        sink_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64)) {
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("warnings", sink_));
+  }
+  ~WarningLog() { spdlog::set_default_logger(previous_); }
+  WarningLog(const WarningLog&) = delete;
+  WarningLog& operator=(const WarningLog&) = delete;
+
+  std::vector<std::string> warnings() const {
+    std::vector<std::string> found;
+    for (const spdlog::details::log_msg_buffer& m : sink_->last_raw()) {
+      if (m.level == spdlog::level::warn) found.emplace_back(m.payload.begin(), m.payload.end());
+    }
+    return found;
+  }
+
+ private:
+  std::shared_ptr<spdlog::logger> previous_;
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink_;
+};
+
 TEST(ParamCoordinator, FirstPassFetchesOnDemandAndReleasesEverything) {
   Model m(4, 2, {100});
   CoordinatorConfig config{300, 10'000, 0};
@@ -174,22 +219,30 @@ TEST(ParamCoordinator, ReplayPrefetchesTheNextBlocksInTraceOrderWithinTheBucket)
   // Entering block 0 gathers its params, then prefetches ahead: gathers for elements < 250
   // ahead (block 1's two params and, crossing the bucket, block 2's first), copies for
   // < 500 ahead, reads for < 1000 ahead; reads first, then copies, then gathers.
-  std::vector<size_t> gathered_ahead;
+  std::vector<size_t> read_ahead, copied_ahead, gathered_ahead;
   size_t last_read = 0, first_copy_ahead = SIZE_MAX, last_copy = 0, first_gather_ahead = SIZE_MAX;
   for (size_t i = 0; i < f.events.size(); ++i) {
     const Event& e = f.events[i];
     const bool ahead = e.param >= 2;
     if (!ahead) continue;
-    if (e.kind == 'r') last_read = i;
+    if (e.kind == 'r') {
+      last_read = i;
+      read_ahead.push_back(e.param);
+    }
     if (e.kind == 'c') {
       first_copy_ahead = std::min(first_copy_ahead, i);
       last_copy = i;
+      copied_ahead.push_back(e.param);
     }
     if (e.kind == 'g') {
       first_gather_ahead = std::min(first_gather_ahead, i);
       gathered_ahead.push_back(e.param);
     }
   }
+  // The amounts: each level covers the parameters that start within its window (4, 2 and
+  // 1 buckets of 250 elements ahead), in trace order: blocks 1..5 are params 2..11.
+  EXPECT_EQ(read_ahead, (std::vector<size_t>{2, 3, 4, 5, 6, 7, 8, 9, 10, 11}));
+  EXPECT_EQ(copied_ahead, (std::vector<size_t>{2, 3, 4, 5, 6}));
   EXPECT_EQ(gathered_ahead, (std::vector<size_t>{2, 3, 4}));
   EXPECT_LT(last_read, first_copy_ahead) << "a copy ahead was issued before all reads ahead";
   EXPECT_LT(last_copy, first_gather_ahead) << "a gather ahead was issued before all copies";
@@ -209,35 +262,135 @@ TEST(ParamCoordinator, ReplayPrefetchesTheNextBlocksInTraceOrderWithinTheBucket)
   EXPECT_EQ(f.live_, 0u);
 }
 
-TEST(ParamCoordinator, LiveLimitHoldsAtEveryEventOnRandomModels) {
+// A random model (sizes, persistence, and with `ties` blocks that also use a parameter of
+// another block) with a random config whose live limit fits its largest block, and a
+// random pinned-buffer budget for reads ahead.
+struct RandomCase {
+  Model model;
+  CoordinatorConfig config;
+  long reads_left = -1;
+};
+RandomCase random_case(std::mt19937_64& rng, bool ties) {
+  std::vector<uint64_t> sizes;
+  for (int k = 0; k < 5; ++k) sizes.push_back(1 + rng() % 500);
+  const size_t block_count = 2 + rng() % 8;
+  const size_t per_block = 1 + rng() % 4;
+  RandomCase r{Model(block_count, per_block, sizes), {}, -1};
+  Model& m = r.model;
+  for (auto& block : m.blocks) {
+    if (ties && rng() % 3 == 0) block.push_back(rng() % m.numels.size());
+  }
+  for (size_t p = 0; p < m.persistent.size(); ++p) m.persistent[p] = rng() % 5 == 0;
+  uint64_t biggest_block = 0;
+  for (const auto& block : m.blocks) {
+    std::vector<size_t> distinct;
+    uint64_t total = 0;
+    for (size_t p : block) {
+      if (std::find(distinct.begin(), distinct.end(), p) != distinct.end()) continue;
+      distinct.push_back(p);
+      total += m.persistent[p] ? 0 : m.numels[p];
+    }
+    biggest_block = std::max(biggest_block, total);
+  }
+  r.config = CoordinatorConfig{rng() % 2000, biggest_block + rng() % 1500, rng() % 3000};
+  if (rng() % 2 == 0) r.reads_left = static_cast<long>(rng() % 4);
+  return r;
+}
+
+// The live limit holds at every gather, and every entered block's parameters are usable,
+// on random models (every other one with tied parameters) over passes that keep the
+// recorded trace or leave it: blocks skipped, repeated or reordered, passes cut short or
+// made longer.
+TEST(ParamCoordinator, LiveLimitHoldsAtEveryEventOnRandomModelsAndTraces) {
+  WarningLog quiet;  // one trace-change warning per changed pass
   const uint64_t seed = testing::test_seed();
   ZINF_TRACE_SEED(seed);
   std::mt19937_64 rng(seed);
-  for (int trial = 0; trial < 40; ++trial) {
-    std::vector<uint64_t> sizes;
-    for (int k = 0; k < 5; ++k) sizes.push_back(1 + rng() % 500);
-    Model m(2 + rng() % 8, 1 + rng() % 4, sizes);
-    for (size_t p = 0; p < m.persistent.size(); ++p) m.persistent[p] = rng() % 5 == 0;
-    uint64_t biggest_block = 0;
-    for (const auto& block : m.blocks) {
-      uint64_t total = 0;
-      for (size_t p : block) total += m.persistent[p] ? 0 : m.numels[p];
-      biggest_block = std::max(biggest_block, total);
-    }
-    CoordinatorConfig config{rng() % 2000, biggest_block + rng() % 1500, rng() % 3000};
-    FakeFetcher f(m.numels, m.persistent, config.max_live_parameters);
-    if (rng() % 2 == 0) f.reads_left_ = static_cast<long>(rng() % 4);
-    ParamCoordinator c(config, m.numels, m.blocks, m.persistent, f);
-    for (int pass = 0; pass < 3; ++pass) {
-      run_pass(c, f, m, m.forward_backward());
+  for (int trial = 0; trial < 80; ++trial) {
+    const RandomCase r = random_case(rng, /*ties=*/trial % 2 == 1);
+    const Model& m = r.model;
+    FakeFetcher f(m.numels, m.persistent, r.config.max_live_parameters);
+    f.reads_left_ = r.reads_left;
+    ParamCoordinator c(r.config, m.numels, m.blocks, m.persistent, f);
+    std::vector<size_t> trace = m.forward_backward();
+    uint64_t expected_changes = 0;
+    for (int pass = 0; pass < 6; ++pass) {
+      std::vector<size_t> next = trace;
+      switch (pass == 0 ? 0 : rng() % 4) {
+        case 0:  // the same order
+          break;
+        case 1:  // one entry replaced by another block
+          next[rng() % next.size()] = rng() % m.blocks.size();
+          break;
+        case 2:  // cut short
+          next.resize(1 + rng() % next.size());
+          break;
+        case 3:  // longer
+          next.push_back(rng() % m.blocks.size());
+          break;
+      }
+      if (pass > 0 && next != trace) ++expected_changes;
+      run_pass(c, f, m, next);
+      EXPECT_EQ(f.live_, 0u) << "non-persistent params left gathered after pass " << pass;
       if (HasFailure()) {
         FAIL() << "trial " << trial << " pass " << pass << " max_live "
-               << config.max_live_parameters << " bucket " << config.prefetch_bucket_size;
+               << r.config.max_live_parameters << " bucket " << r.config.prefetch_bucket_size;
       }
+      trace = next;
     }
-    EXPECT_LE(c.stats().live_high_water, config.max_live_parameters);
-    EXPECT_EQ(c.stats().trace_changes, 0u);
+    EXPECT_LE(c.stats().live_high_water, r.config.max_live_parameters);
+    EXPECT_EQ(c.stats().trace_changes, expected_changes);
+    EXPECT_EQ(c.recorded_trace(), trace);
   }
+}
+
+TEST(ParamCoordinator, GatheredHighWaterCountsPrefetchedAndPersistentParams) {
+  Model m(4, 2, {10, 1000});
+  m.persistent[0] = m.persistent[2] = true;
+  CoordinatorConfig config{2000, 3000, 0};  // prefetch up to two blocks ahead
+  FakeFetcher f(m.numels, m.persistent, config.max_live_parameters);
+  ParamCoordinator c(config, m.numels, m.blocks, m.persistent, f);
+  for (int pass = 0; pass < 3; ++pass) run_pass(c, f, m, m.forward_backward());
+  // The most elements the fetcher held gathered at once (from each gather's issue to its
+  // release), persistent ones included.
+  EXPECT_GT(f.gathered_high_water_, f.high_water_) << "the case has no persistent params";
+  EXPECT_GT(c.stats().prefetched, 0u);
+  EXPECT_EQ(c.stats().gathered_high_water, f.gathered_high_water_);
+  EXPECT_EQ(c.stats().live_high_water, f.high_water_);
+}
+
+// block_wait_seconds counts what a block waited for its own params (its on-demand gathers
+// and the waits), not the issue of prefetches for later blocks.
+TEST(ParamCoordinator, BlockWaitCountsOwnFetchesAndNotPrefetchesForLaterBlocks) {
+  using std::chrono::milliseconds;
+  Model m(4, 1, {100});
+  CoordinatorConfig config{1000, 10'000, 10'000};  // every later block prefetched at once
+  FakeFetcher f(m.numels, m.persistent, config.max_live_parameters);
+  ParamCoordinator c(config, m.numels, m.blocks, m.persistent, f);
+  f.wait_cost_ = milliseconds(5);
+  c.begin_pass();
+  for (size_t b : {0, 1, 2, 3}) {
+    c.enter(b);
+    c.leave(b);
+  }
+  c.end_pass();
+  // On demand: 4 waits of 5 ms.
+  EXPECT_GE(c.stats().block_wait_seconds, 0.020);
+  f.wait_cost_ = milliseconds(0);
+  f.gather_cost_ = milliseconds(40);
+  const double before = c.stats().block_wait_seconds;
+  c.begin_pass();
+  c.enter(0);  // block 0 gathered on demand (40 ms), blocks 1-3 prefetched (120 ms)
+  const double entering = c.stats().block_wait_seconds - before;
+  c.leave(0);
+  for (size_t b : {1, 2, 3}) {
+    c.enter(b);
+    c.leave(b);
+  }
+  c.end_pass();
+  EXPECT_EQ(c.stats().prefetched, 3u);
+  EXPECT_GE(entering, 0.040);
+  EXPECT_LT(entering, 0.140) << "the prefetches' issue was counted as block 0's wait";
 }
 
 TEST(ParamCoordinator, PersistentParamsAreGatheredOnceAndNotCountedAsLive) {
@@ -299,11 +452,12 @@ TEST(ParamCoordinator, TiedParamIsGatheredOnceForBothBlocks) {
   EXPECT_EQ(f.gathers_[0], 1) << "replay: the tied param stayed gathered between its blocks";
 }
 
-TEST(ParamCoordinator, TraceChangeWarnsFallsBackAndRecordsTheNewOrder) {
+TEST(ParamCoordinator, TraceChangeWarnsOnceFallsBackAndRecordsTheNewOrder) {
   Model m(4, 1, {100});
   CoordinatorConfig config{1000, 10'000, 0};
   FakeFetcher f(m.numels, m.persistent, config.max_live_parameters);
   ParamCoordinator c(config, m.numels, m.blocks, m.persistent, f);
+  WarningLog log;
   run_pass(c, f, m, {0, 1, 2, 3});
   c.begin_pass();
   c.enter(0);
@@ -323,9 +477,26 @@ TEST(ParamCoordinator, TraceChangeWarnsFallsBackAndRecordsTheNewOrder) {
   c.end_pass();
   EXPECT_EQ(f.live_, 0u);
   EXPECT_EQ(c.recorded_trace(), (std::vector<size_t>{0, 2, 3}));
+  // One warning for the pass (the shorter length is part of the same change).
+  ASSERT_EQ(log.warnings().size(), 1u);
+  EXPECT_EQ(log.warnings()[0], c.last_warning());
   run_pass(c, f, m, {0, 2, 3});
   EXPECT_EQ(c.stats().trace_changes, 1u);
+  EXPECT_EQ(log.warnings().size(), 1u);
   EXPECT_GT(c.stats().prefetched, prefetched) << "the new order is replayed with prefetch";
+
+  // A pass that ends early: the first differing block is the recorded one that did not
+  // come (block 2 at position 1); what was prefetched for it is released.
+  run_pass(c, f, m, {0});
+  EXPECT_EQ(c.stats().trace_changes, 2u);
+  ASSERT_EQ(log.warnings().size(), 2u);
+  EXPECT_EQ(log.warnings()[1], c.last_warning());
+  EXPECT_NE(c.last_warning().find("has block 2 at trace position 1"), std::string::npos)
+      << c.last_warning();
+  EXPECT_EQ(f.live_, 0u);
+  EXPECT_EQ(c.recorded_trace(), (std::vector<size_t>{0}));
+  run_pass(c, f, m, {0});
+  EXPECT_EQ(log.warnings().size(), 2u);
 }
 
 TEST(ParamCoordinator, ABlockLargerThanTheLiveLimitIsRefusedWithTheNumbers) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <torch/nn/functional/linear.h>
 #include <torch/nn/functional/loss.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/linear.h>
@@ -23,6 +24,17 @@
 
 namespace zinf::zero::testing {
 
+// fc(x) for an fp32 `x`, with fp16 weights taken to fp32 for the product: this LibTorch's
+// CPU kernels have no fp16 matrix product or tanh ("addmm_impl_cpu_" / "tanh_vml_cpu" not
+// implemented for 'Half'), so an fp16 model computes in fp32 while its params and grads
+// stay fp16.
+inline torch::Tensor linear(torch::nn::Linear fc, const torch::Tensor& x) {
+  if (fc->weight.scalar_type() != at::kHalf) {
+    return fc(x);
+  }
+  return torch::nn::functional::linear(x, fc->weight.to(at::kFloat), fc->bias.to(at::kFloat));
+}
+
 struct MlpImpl : torch::nn::Module {
   MlpImpl(int64_t dim, torch::nn::Linear shared_fc1 = nullptr) {
     fc1 = shared_fc1 ? shared_fc1 : torch::nn::Linear(dim, 2 * dim);
@@ -30,7 +42,13 @@ struct MlpImpl : torch::nn::Module {
     fc2 = register_module("fc2", torch::nn::Linear(2 * dim, dim));
     scale = register_parameter("scale", torch::ones({dim}));
   }
-  torch::Tensor forward(const torch::Tensor& x) { return x + fc2(torch::tanh(fc1(x * scale))); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    const bool half = x.scalar_type() == at::kHalf;
+    const torch::Tensor v = half ? x.to(at::kFloat) : x;
+    const torch::Tensor out =
+        v + linear(fc2, torch::tanh(linear(fc1, v * (half ? scale.to(at::kFloat) : scale))));
+    return half ? out.to(at::kHalf) : out;
+  }
 
   torch::nn::Linear fc1{nullptr};
   torch::nn::Linear fc2{nullptr};
@@ -56,9 +74,11 @@ struct NetImpl : torch::nn::Module {
     head = register_module("head", torch::nn::Linear(dim, out));
   }
   torch::Tensor forward(torch::Tensor x) {
-    x = embed(x);
+    const bool half = x.scalar_type() == at::kHalf;  // fp16: the blocks see fp16 tensors
+    x = linear(embed, half ? x.to(at::kFloat) : x);
+    if (half) x = x.to(at::kHalf);
     for (auto& layer : layers) x = layer(x);
-    return head(x);
+    return linear(head, half ? x.to(at::kFloat) : x);
   }
 
   torch::nn::Linear embed{nullptr};

@@ -69,6 +69,19 @@ void check_parity(const Case& c, const std::string& nvme_dir) {
   max_relative_error(model.gather_master(), model.params(), ref);
 }
 
+// The test net (`shape`, initial values from `seed`) under a ZeroModel on one rank, with
+// the accelerator, communicator and optimizer it needs.
+struct OneRank {
+  OneRank(const NetShape& shape, uint64_t seed, const ZeroConfig& config)
+      : net(make_net(shape, seed)), model(*net, config, accelerator, comm, adam) {}
+
+  testing::Net net;
+  offload::CpuAccelerator accelerator{1ull << 30};
+  SingleCommunicator comm;
+  optimizer_cpu::AdamOptimizer adam;
+  ZeroModel model;
+};
+
 TEST(ZeroModelParity, EveryStageMatchesPlainLibTorch) {
   for (int stage = 0; stage <= 3; ++stage) {
     Case c{"stage " + std::to_string(stage), {}, {}, {}};
@@ -255,16 +268,14 @@ TEST(ZeroModel, TiedParameterIsOneParamWithAnAlias) {
 
 TEST(ZeroModel, Stage3ReleasesBlockParamsAndCountsTheHighWater) {
   NetShape shape;
-  testing::Net net = make_net(shape, 3);
-  offload::CpuAccelerator accelerator(1ull << 30);
-  SingleCommunicator comm;
-  optimizer_cpu::AdamOptimizer adam;
   ZeroConfig config;
   config.stage = 3;
   config.param_persistence_threshold = 0;
   config.prefetch_bucket_size = 0;
   config.max_reuse_distance = 0;  // only the last block, used again at once, is kept
-  ZeroModel model(*net, config, accelerator, comm, adam);
+  OneRank one(shape, 3, config);
+  testing::Net& net = one.net;
+  ZeroModel& model = one.model;
   // Outside a step, block params hold no storage; the head (outside blocks) keeps its own.
   EXPECT_EQ(net->layers[0]->named_parameters()["fc1.weight"].numel(), 0);
   EXPECT_EQ(net->head->weight.numel(), shape.out * shape.dim);
@@ -278,6 +289,68 @@ TEST(ZeroModel, Stage3ReleasesBlockParamsAndCountsTheHighWater) {
   EXPECT_LE(s.coordinator.live_high_water, 2 * block_elements);
   EXPECT_EQ(s.gathered_high_water_bytes, s.coordinator.live_high_water * 4);
   EXPECT_EQ(net->layers[2]->named_parameters()["fc2.weight"].numel(), 0);
+}
+
+// The gathered high-water mark is the memory the gathers take: prefetched parameters count
+// from the issue of their all-gather (not from the wait), persistent ones count too, and the
+// bytes are in the compute precision.
+TEST(ZeroModel, Stage3HighWaterCountsPrefetchedAndPersistentParams) {
+  const NetShape shape;
+  for (Precision precision : {Precision::kFloat32, Precision::kBFloat16}) {
+    SCOPED_TRACE(precision == Precision::kFloat32 ? "fp32" : "bf16");
+    ZeroConfig config;
+    config.stage = 3;
+    config.precision = precision;
+    config.param_persistence_threshold = 13;  // each block's scale and fc2.bias
+    config.prefetch_bucket_size = 2000;       // the next two blocks and more
+    config.max_reuse_distance = 0;
+    OneRank one(shape, 3, config);
+    TrainOptions o;
+    o.steps = 2;
+    train_zero(one.net, one.model, shape, o, 3);
+    const ZeroModelStats s = one.model.stats();
+    const uint64_t element = precision == Precision::kFloat32 ? 4 : 2;
+    const uint64_t block_live = 2 * 13 * 26 + 26;  // fc1, fc2.weight
+    ASSERT_GT(s.coordinator.prefetched, 0u);
+    // A block and at least the next one prefetched, plus persistent params.
+    EXPECT_GE(s.coordinator.live_high_water, 2 * block_live);
+    EXPECT_GT(s.gathered_high_water_bytes, s.coordinator.live_high_water * element);
+    EXPECT_EQ(s.gathered_high_water_elements, s.coordinator.gathered_high_water);
+    EXPECT_EQ(s.gathered_high_water_bytes, s.gathered_high_water_elements * element);
+    EXPECT_LE(s.gathered_high_water_elements, s.coordinator.live_high_water + 4 * 2 * 13);
+  }
+}
+
+// Bytes moved per tier: with no prefetch, no persistence and reuse only of the last block,
+// the first step (recorded, on demand) fetches 8 blocks, later ones 7 (the last block is
+// kept from its forward to its backward) — each an NVMe read and a host->device copy of
+// its params — and every step writes each managed param back once after the update.
+TEST(ZeroModel, Stage3CountsTheBytesEachTierMoves) {
+  ::zinf::testing::TempDir dir;
+  const NetShape shape;
+  ZeroConfig config;
+  config.stage = 3;
+  config.offload_param = OffloadTarget::kNvme;
+  config.param_max_in_cpu = 0;
+  config.param_persistence_threshold = 0;
+  config.prefetch_bucket_size = 0;
+  config.max_reuse_distance = 0;
+  config.nvme_paths = {dir.path()};
+  config.aio.backend = aio::BackendKind::kPsync;
+  OneRank one(shape, 4, config);
+  const uint64_t block_bytes = (2 * 13 * 26 + 26 + 13 + 13) * 4;
+  const offload::OffloadCounters initial = one.model.stats().param_swap;
+  EXPECT_EQ(initial.nvme_bytes_written, 4 * block_bytes) << "the initial slices";
+  TrainOptions o;
+  o.steps = 2;
+  train_zero(one.net, one.model, shape, o, 4);
+  const ZeroModelStats s = one.model.stats();
+  EXPECT_EQ(s.params.h2d_bytes, (8 + 7) * block_bytes);
+  EXPECT_EQ(s.param_swap.nvme_bytes_read, (8 + 7) * block_bytes);
+  EXPECT_EQ(s.param_swap.nvme_bytes_written - initial.nvme_bytes_written, 2 * 4 * block_bytes);
+  EXPECT_EQ(s.params.gathers, 0u) << "one rank: nothing to all-gather";
+  EXPECT_EQ(s.coordinator.on_demand, (8u + 7) * 5);  // 5 params per block
+  EXPECT_EQ(s.coordinator.retained, 5u);
 }
 
 TEST(ZeroModel, NanGradientsSkipTheStepAndChangeNothing) {
