@@ -47,18 +47,23 @@ std::string hex(uint64_t value) {
 }
 
 // mkdir that accepts an existing directory; throws kIo otherwise.
-void make_directory(const std::string& path) {
+// Creates `path` (a directory) unless it exists. Returns 0 or the errno of the failure.
+int try_make_directory(const std::string& path) {
   if (::mkdir(path.c_str(), 0755) == 0) {
-    return;
+    return 0;
   }
   const int error = errno;
   struct stat st {};
   if (error == EEXIST && ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    return;
+    return 0;
   }
-  throw OffloadError(ErrorKind::kIo,
-                     "cannot create swap directory " + path + ": " + errno_text(error));
+  return error;
 }
+
+// A store's last step at exit removes zinf_swap/ and rank<r>/ when they are empty, so another
+// process (or store) may remove a folder between our mkdir and the next step inside it. That
+// shows as ENOENT, and the whole sequence is retried this many times.
+constexpr int kFolderRaceRetries = 1000;
 
 std::atomic<FallocateFunction> g_fallocate_function{nullptr};
 
@@ -462,8 +467,6 @@ NvmeStore::NvmeStore(NvmeStoreConfig config) : config_(std::move(config)) {
   }
   try {
     for (Device& device : devices_) {
-      make_directory(device.nvme_path + "/zinf_swap");
-      make_directory(device.directory);
       take_lock_and_replace_stale(device);
     }
     sync_queue_ = make_queue();
@@ -520,11 +523,29 @@ void NvmeStore::remove_files() noexcept {
 void NvmeStore::take_lock_and_replace_stale(Device& device) {
   const std::string& lock_path = device.lock_path;
   const std::string& path = device.path;
-  for (;;) {
+  const std::string parent = device.nvme_path + "/zinf_swap";
+  for (int attempt = 1;; ++attempt) {
+    // The folders, then the lock file in them (which keeps rank<r>/ from being removed as
+    // empty); a folder removed meanwhile by another store's exit shows as ENOENT: again.
+    const bool may_retry = attempt < kFolderRaceRetries;
+    for (const std::string& folder : {parent, device.directory}) {
+      const int error = try_make_directory(folder);
+      if (error == ENOENT && may_retry) {
+        break;
+      }
+      if (error != 0) {
+        throw OffloadError(ErrorKind::kIo,
+                           "cannot create swap directory " + folder + ": " + errno_text(error));
+      }
+    }
     aio::UniqueFd fd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
     if (!fd) {
+      const int error = errno;
+      if (error == ENOENT && may_retry) {
+        continue;
+      }
       throw OffloadError(ErrorKind::kIo,
-                         "cannot open swap lock file " + lock_path + ": " + errno_text(errno));
+                         "cannot open swap lock file " + lock_path + ": " + errno_text(error));
     }
     int rc = 0;
     do {

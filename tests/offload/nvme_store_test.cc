@@ -153,6 +153,39 @@ TEST(NvmeStore, DirectoriesSharedByTwoStoresGoWithTheLast) {
   EXPECT_FALSE(std::filesystem::exists(dir.path() + "/zinf_swap"));
 }
 
+// Stores of different ranks come and go in one nvme_path at once (ranks of a run, each in
+// its own process): the last store of one rank removes the empty zinf_swap/ while another
+// rank is between creating it and creating its own rank<r>/ in it. Every construction must
+// still succeed.
+TEST(NvmeStore, RanksCreatingAndRemovingTheSharedFolderAtOnceNeverFail) {
+  TempDir dir;
+  constexpr int kRanks = 3;
+  constexpr int kRounds = 300;
+  std::vector<std::string> errors(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      NvmeStoreConfig config = store_config(dir.path(), false);
+      config.rank = r;
+      config.aio.intra_op_parallelism = 1;
+      for (int i = 0; i < kRounds && errors[static_cast<size_t>(r)].empty(); ++i) {
+        try {
+          NvmeStore store(config);
+        } catch (const std::exception& e) {
+          errors[static_cast<size_t>(r)] = "round " + std::to_string(i) + ": " + e.what();
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) {
+    thread.join();
+  }
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(errors[static_cast<size_t>(r)], "") << "rank " << r;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/zinf_swap"));
+}
+
 // Opens with O_DIRECT are refused, as tmpfs before Linux 6.6 refuses them.
 int open_refusing_direct(const char* path, int flags, unsigned mode) {
   if ((flags & O_DIRECT) != 0) {
