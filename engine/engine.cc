@@ -358,10 +358,11 @@ std::string Engine::breakdown() const {
   const zero::ZeroModelStats s = model_->stats();
   return fmt::format(
       "  time: forward {:.3f} s | backward {:.3f} s | step {:.3f} s | blocked on: param fetch "
-      "{:.3f} s (all-gather {:.3f} s), gradient reduction {:.3f} s, optimizer I/O {:.3f} s, "
-      "param swap I/O {:.3f} s",
+      "{:.3f} s (prefetch misses {:.3f} s, all-gather {:.3f} s), gradient reduction {:.3f} s, "
+      "optimizer I/O {:.3f} s, param swap I/O {:.3f} s",
       forward_seconds_, backward_seconds_, step_seconds_,
       s.params.wait_seconds - last_stats_.params.wait_seconds,
+      s.coordinator.block_wait_seconds - last_stats_.coordinator.block_wait_seconds,
       s.params.gather_wait_seconds - last_stats_.params.gather_wait_seconds,
       s.reducer.wait_seconds - last_stats_.reducer.wait_seconds,
       s.optimizer_swap.io_wait_seconds - last_stats_.optimizer_swap.io_wait_seconds,
