@@ -102,16 +102,8 @@ int run_estimate(const EstimateArgs& args) {
 
     // The config as `zinf train` would resolve it for this model and world size (swap
     // folders are not probed: they belong to the machine that will train).
-    uint64_t largest_block = 0, layer_numel = 0;
-    for (const auto& p : shapes) {
-      if (!p.in_block) continue;
-      largest_block = std::max(largest_block, static_cast<uint64_t>(p.numel));
-      if (p.name.rfind("model.layers.0.", 0) == 0) layer_numel += static_cast<uint64_t>(p.numel);
-    }
-    const uint64_t states = static_cast<uint64_t>(model.parameter_count()) * 16;
-    nlohmann::json root = args.config.empty() ? nlohmann::json::parse(default_train_config(
-                                                    states / 4, largest_block, layer_numel, 1000))
-                                              : load_config_json(args.config);
+    nlohmann::json root =
+        args.config.empty() ? bare_config(model, 1000) : load_config_json(args.config);
     ConfigOverrides overrides;
     overrides.world_size = world;
     overrides.check_paths = false;

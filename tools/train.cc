@@ -31,10 +31,6 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-// Model states per parameter counted for the bare run's budget: fp32 params, grads, and
-// Adam's exp_avg and exp_avg_sq (16 B, the same as DeepSpeed's mixed-precision 2+2+12).
-constexpr uint64_t kStateBytesPerParam = 16;
-
 // A swap folder made for this run and removed, with everything in it, at the end.
 class TempFolder {
  public:
@@ -175,14 +171,6 @@ int run_train(const TrainArgs& args) {
     if (steps < 1) throw std::invalid_argument(fmt::format("--steps {} must be >= 1", steps));
 
     // ---- config ------------------------------------------------------------------------------
-    // The bare config reads parameters through buffers of the largest decoder-layer
-    // parameter and gathers one decoder layer at a time.
-    uint64_t largest_block_param = 0, layer_numel = 0;
-    for (const auto& p : engine::llama_parameter_shapes(*model)) {
-      if (!p.in_block) continue;
-      largest_block_param = std::max(largest_block_param, static_cast<uint64_t>(p.numel));
-      if (p.name.rfind("model.layers.0.", 0) == 0) layer_numel += static_cast<uint64_t>(p.numel);
-    }
     std::optional<TempFolder> swap;
     ConfigOverrides overrides;
     overrides.micro_batch = args.micro_batch;
@@ -196,8 +184,7 @@ int run_train(const TrainArgs& args) {
       // Each rank makes its own folder: ranks may share a node, and a swap file is a rank's.
       swap.emplace(args.nvme_path.empty() ? default_swap_parent() : args.nvme_path);
       overrides.nvme_path = swap->path();
-      root = nlohmann::json::parse(
-          default_train_config(states / 4, largest_block_param, layer_numel, steps));
+      root = bare_config(*model, steps);
       source_name = "embedded default";
     } else {
       overrides.nvme_path = args.nvme_path;

@@ -45,7 +45,7 @@ inline constexpr int64_t kBareSeqLen = 64;
 int run_train(const TrainArgs& args);
 
 // The embedded default config of a bare run (JSON text): `memory_budget_bytes` is the CPU
-// accelerator's budget, `buffer_numel` offload_param.buffer_size (the largest decoder-layer
+// accelerator's budget, `buffer_numel` offload_param.buffer_size (the model's largest
 // parameter), `live_numel` stage3_max_live_parameters (one decoder layer), `steps` sizes the
 // warm-up. The swap folder is given separately (zinf.nvme_paths) by the caller.
 [[nodiscard]] std::string default_train_config(uint64_t memory_budget_bytes, uint64_t buffer_numel,

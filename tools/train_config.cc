@@ -2,12 +2,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
 #include "engine/config/lr_schedule.h"
 #include "engine/config/resolve.h"
 #include "offload/cuda_accelerator.h"
+#include "tools/train.h"
 
 namespace zinf::tools {
 namespace {
@@ -97,6 +99,16 @@ nlohmann::json load_config_json(const std::string& path) {
     throw config::ConfigError(path, "", "not valid JSON");
   }
   return root;
+}
+
+nlohmann::json bare_config(const engine::LlamaConfig& model, int64_t steps) {
+  uint64_t largest = 0, layer_numel = 0;
+  for (const auto& p : engine::llama_parameter_shapes(model)) {
+    largest = std::max(largest, static_cast<uint64_t>(p.numel));
+    if (p.name.rfind("model.layers.0.", 0) == 0) layer_numel += static_cast<uint64_t>(p.numel);
+  }
+  const uint64_t states = static_cast<uint64_t>(model.parameter_count()) * kStateBytesPerParam;
+  return nlohmann::json::parse(default_train_config(states / 4, largest, layer_numel, steps));
 }
 
 std::vector<uint64_t> llama_param_numels(const engine::LlamaConfig& model) {

@@ -49,6 +49,15 @@ struct ConfigOverrides {
                                                    const engine::LlamaConfig& model,
                                                    std::vector<std::string>* override_lines);
 
+// Model states per parameter counted for the bare run's budget: fp32 params, grads, and
+// Adam's exp_avg and exp_avg_sq (16 B, the same as DeepSpeed's mixed-precision 2 + 2 + 12).
+inline constexpr uint64_t kStateBytesPerParam = 16;
+
+// The bare run's config for `model` (default_train_config): the CPU accelerator's budget 1/4
+// of the model states, swap buffers of the largest parameter (resolve_auto checks every
+// parameter against them), one decoder layer gathered at a time; `steps` sizes the warm-up.
+[[nodiscard]] nlohmann::json bare_config(const engine::LlamaConfig& model, int64_t steps);
+
 // The parameter element counts of `model` in registration order (for resolve_auto's swap
 // buffer check and the memory plan).
 [[nodiscard]] std::vector<uint64_t> llama_param_numels(const engine::LlamaConfig& model);
