@@ -103,7 +103,7 @@ int run_estimate(const EstimateArgs& args) {
     // The config as `zinf train` would resolve it for this model and world size (swap
     // folders are not probed: they belong to the machine that will train).
     nlohmann::json root =
-        args.config.empty() ? bare_config(model, 1000) : load_config_json(args.config);
+        args.config.empty() ? bare_config(model, 1000, world) : load_config_json(args.config);
     ConfigOverrides overrides;
     overrides.world_size = world;
     overrides.check_paths = false;

@@ -147,7 +147,10 @@ int run_train(const TrainArgs& args) {
     rank = launch.rank;
     const bool lead = rank == 0;
     auto say = [&](const std::string& line) {
-      if (lead) fmt::print("{}\n", line);
+      if (lead) {
+        fmt::print("{}\n", line);
+        std::fflush(stdout);  // in order with stderr and the engine's lines when piped
+      }
     };
 
     // ---- data: its vocabulary sizes the model -----------------------------------------------
@@ -184,7 +187,7 @@ int run_train(const TrainArgs& args) {
       // Each rank makes its own folder: ranks may share a node, and a swap file is a rank's.
       swap.emplace(args.nvme_path.empty() ? default_swap_parent() : args.nvme_path);
       overrides.nvme_path = swap->path();
-      root = bare_config(*model, steps);
+      root = bare_config(*model, steps, launch.world_size);
       source_name = "embedded default";
     } else {
       overrides.nvme_path = args.nvme_path;

@@ -101,14 +101,22 @@ nlohmann::json load_config_json(const std::string& path) {
   return root;
 }
 
-nlohmann::json bare_config(const engine::LlamaConfig& model, int64_t steps) {
+nlohmann::json bare_config(const engine::LlamaConfig& model, int64_t steps, int world_size) {
   uint64_t largest = 0, layer_numel = 0;
   for (const auto& p : engine::llama_parameter_shapes(model)) {
     largest = std::max(largest, static_cast<uint64_t>(p.numel));
     if (p.name.rfind("model.layers.0.", 0) == 0) layer_numel += static_cast<uint64_t>(p.numel);
   }
   const uint64_t states = static_cast<uint64_t>(model.parameter_count()) * kStateBytesPerParam;
-  return nlohmann::json::parse(default_train_config(states / 4, largest, layer_numel, steps));
+  nlohmann::json root =
+      nlohmann::json::parse(default_train_config(states / 4, largest, layer_numel, steps));
+  // Several ranks: one sample per micro-batch (the activations and the gradient buckets of
+  // 2 samples would not fit the budget) and the 16-sample global batch of one rank kept.
+  if (world_size > 1) {
+    root["train_micro_batch_size_per_gpu"] = 1;
+    root["gradient_accumulation_steps"] = std::max(1, 16 / world_size);
+  }
+  return root;
 }
 
 std::vector<uint64_t> llama_param_numels(const engine::LlamaConfig& model) {

@@ -56,7 +56,10 @@ inline constexpr uint64_t kStateBytesPerParam = 16;
 // The bare run's config for `model` (default_train_config): the CPU accelerator's budget 1/4
 // of the model states, swap buffers of the largest parameter (resolve_auto checks every
 // parameter against them), one decoder layer gathered at a time; `steps` sizes the warm-up.
-[[nodiscard]] nlohmann::json bare_config(const engine::LlamaConfig& model, int64_t steps);
+// A global batch of 16 samples: 2 per micro-batch x 8 on one rank, 1 x 16 / world_size on
+// several.
+[[nodiscard]] nlohmann::json bare_config(const engine::LlamaConfig& model, int64_t steps,
+                                         int world_size);
 
 // The parameter element counts of `model` in registration order (for resolve_auto's swap
 // buffer check and the memory plan).
