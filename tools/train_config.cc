@@ -18,37 +18,32 @@ using config::RunConfig;
 
 // A command-line value replaces the file's: an "auto" goes to resolve_auto through the
 // context (so its line says "auto: from the command line"), a written value is replaced
-// here and listed.
+// here and listed. Returns true when a written value changed.
+bool override_count(const RunConfig& c, const std::optional<int64_t>& value, const char* key,
+                    const char* flag, std::optional<int64_t>& field,
+                    std::optional<int64_t>& context_field, std::vector<std::string>& lines) {
+  if (!value) return false;
+  if (*value < 1) throw std::invalid_argument(fmt::format("{} {} must be >= 1", flag, *value));
+  context_field = value;
+  if (c.is_auto(key)) return false;
+  const bool changed = field != value;
+  field = value;
+  lines.push_back(fmt::format("{} = {} ({})", key, *value, flag));
+  return changed;
+}
+
 void apply_batch_overrides(RunConfig& c, const ConfigOverrides& o, config::AutoContext& ctx,
                            std::vector<std::string>& lines) {
   config::BatchConfig& b = c.batch;
   const bool file_fixes_all =
       b.train_batch_size && b.micro_batch_per_gpu && b.gradient_accumulation_steps;
-  bool changed = false;
-  if (o.micro_batch) {
-    if (*o.micro_batch < 1) {
-      throw std::invalid_argument(fmt::format("--micro-batch {} must be >= 1", *o.micro_batch));
-    }
-    ctx.micro_batch_per_gpu = o.micro_batch;
-    if (!c.is_auto("train_micro_batch_size_per_gpu")) {
-      changed = changed || b.micro_batch_per_gpu != o.micro_batch;
-      b.micro_batch_per_gpu = o.micro_batch;
-      lines.push_back(
-          fmt::format("train_micro_batch_size_per_gpu = {} (--micro-batch)", *o.micro_batch));
-    }
-  }
-  if (o.grad_accum) {
-    if (*o.grad_accum < 1) {
-      throw std::invalid_argument(fmt::format("--grad-accum {} must be >= 1", *o.grad_accum));
-    }
-    ctx.gradient_accumulation_steps = o.grad_accum;
-    if (!c.is_auto("gradient_accumulation_steps")) {
-      changed = changed || b.gradient_accumulation_steps != o.grad_accum;
-      b.gradient_accumulation_steps = o.grad_accum;
-      lines.push_back(
-          fmt::format("gradient_accumulation_steps = {} (--grad-accum)", *o.grad_accum));
-    }
-  }
+  const bool micro_changed =
+      override_count(c, o.micro_batch, "train_micro_batch_size_per_gpu", "--micro-batch",
+                     b.micro_batch_per_gpu, ctx.micro_batch_per_gpu, lines);
+  const bool accum_changed =
+      override_count(c, o.grad_accum, "gradient_accumulation_steps", "--grad-accum",
+                     b.gradient_accumulation_steps, ctx.gradient_accumulation_steps, lines);
+  const bool changed = micro_changed || accum_changed;
   // With only one of micro / accumulation overridden and train_batch_size fixed, DeepSpeed's
   // rules derive the other; with all three fixed the override decides the global batch.
   if (changed && b.train_batch_size && !c.is_auto("train_batch_size")) {

@@ -114,6 +114,48 @@ TEST(CliTrain, ExampleConfigsRunAFewSteps) {
   }
 }
 
+// zero3_nvme.json fixes train_batch_size 8 and micro 2: one flag keeps the global batch and
+// DeepSpeed's rule derives the other value; both flags recompute the global batch.
+TEST(CliTrain, BatchOverridesFollowDeepSpeedsRules) {
+  TempDir swap;
+  ASSERT_TRUE(swap.ok());
+  struct Case {
+    std::vector<std::string> flags;
+    std::string line;
+    std::string batch;
+  };
+  const std::vector<Case> cases = {
+      {{"--micro-batch", "4"},
+       "gradient_accumulation_steps = 2 (train_batch_size / (micro x world size) = 8 / (4 x 1))",
+       "batch: 8 samples x 64 tokens"},
+      {{"--grad-accum", "1"},
+       "train_micro_batch_size_per_gpu = 8 (train_batch_size / (world",
+       "batch: 8 samples x 64 tokens"},
+      {{"--micro-batch", "1", "--grad-accum", "2", "--lr", "5e-4"},
+       "train_batch_size: recomputed from the overrides",
+       "batch: 2 samples x 64 tokens"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"train",
+                                     "--config",
+                                     kExamples + "/zero3_nvme.json",
+                                     "--model",
+                                     "tiny",
+                                     "--steps",
+                                     "1",
+                                     "--nvme-path",
+                                     swap.path(),
+                                     "--plot",
+                                     ""};
+    args.insert(args.end(), c.flags.begin(), c.flags.end());
+    ZinfRun run = run_zinf(args);
+    SCOPED_TRACE(c.flags[0]);
+    EXPECT_EQ(run.exit_code, 0) << run.out << run.err;
+    EXPECT_TRUE(contains(run.out, c.line)) << run.out;
+    EXPECT_TRUE(contains(run.out, c.batch)) << run.out;
+  }
+}
+
 // zero3_cpu_offload.json asks for fp16, which LibTorch cannot compute on the CPU: without a
 // CUDA device the run stops before allocating, naming the key and the way out.
 TEST(CliTrain, Fp16ExampleOnTheCpuAcceleratorSaysWhy) {
