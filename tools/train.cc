@@ -89,9 +89,46 @@ double mean(const std::vector<double>& v, size_t from, size_t to) {
          static_cast<double>(to - from);
 }
 
+volatile std::sig_atomic_t g_launcher_signal = 0;
+
+extern "C" void record_launcher_signal(int signal_number) { g_launcher_signal = signal_number; }
+
+// Under a launcher a Ctrl-C reaches each rank twice: from the terminal (the whole process
+// group) and again from the launcher, which forwards it (and kills the workers itself if
+// they do not end). InterruptScope's second-signal-kills rule would end a rank between step
+// boundaries, leaving its swap folder and failing its peers; while this lives, every SIGINT
+// and SIGTERM only records itself.
+class LauncherSignals {
+ public:
+  LauncherSignals() {
+    struct sigaction action {};
+    action.sa_handler = record_launcher_signal;
+    sigemptyset(&action.sa_mask);
+    if (sigaction(SIGINT, &action, &old_int_) != 0 ||
+        sigaction(SIGTERM, &action, &old_term_) != 0) {
+      throw std::runtime_error(fmt::format("sigaction: {}", std::strerror(errno)));
+    }
+  }
+  ~LauncherSignals() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  LauncherSignals(const LauncherSignals&) = delete;
+  LauncherSignals& operator=(const LauncherSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+int stop_signal() noexcept {
+  const int sig = interrupt_signal();
+  return sig != 0 ? sig : static_cast<int>(g_launcher_signal);
+}
+
 // Every rank stops at the same step: the largest signal any rank saw wins.
 int agreed_signal(engine::Engine& eng) {
-  int64_t sig = interrupt_signal();
+  int64_t sig = stop_signal();
   if (eng.world_size() > 1) {
     eng.comm().all_reduce(&sig, 1, zero::DType::kInt64, zero::ReduceOp::kMax)->wait();
   }
@@ -146,6 +183,11 @@ int run_train(const TrainArgs& args) {
     const zero::LaunchEnv launch = zero::detect_launch_env();
     rank = launch.rank;
     const bool lead = rank == 0;
+    std::optional<LauncherSignals> launcher_signals;
+    if (launch.launcher != "none") {
+      g_launcher_signal = 0;
+      launcher_signals.emplace();
+    }
     auto say = [&](const std::string& line) {
       if (lead) {
         fmt::print("{}\n", line);
@@ -288,7 +330,7 @@ int run_train(const TrainArgs& args) {
       tokens_per_s.push_back(r.tokens_per_second);
       if (lead) progress.update(step, r.loss, r.tokens_per_second);
     }
-    if (sig == 0) sig = interrupt_signal();  // after the last step: report it, finish anyway
+    if (sig == 0) sig = stop_signal();  // after the last step: report it, finish anyway
     progress.finish();
     const double wall = std::chrono::duration<double>(Clock::now() - start).count();
 

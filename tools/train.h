@@ -10,7 +10,8 @@
 //
 // Ctrl-C (SIGINT) or SIGTERM stops at the next step boundary: the run ends as if --steps had
 // been reached there (summary, plot), the swap files are removed, the step is named, and the
-// exit code is 128 + the signal. A second Ctrl-C ends the process at once.
+// exit code is 128 + the signal. A second Ctrl-C ends the process at once, except under a launcher
+// (torchrun forwards the terminal's Ctrl-C, so each rank sees it twice).
 //
 // Thread safety: run_train owns the process's SIGINT/SIGTERM handlers while it runs.
 #pragma once
