@@ -224,6 +224,65 @@ TEST(CliTrain, SigintStopsAtAStepBoundaryAndRemovesSwapFiles) {
   EXPECT_TRUE(fs::is_empty(swap.path())) << "swap files left behind";
 }
 
+// Under a launcher (here plain RANK / WORLD_SIZE variables) a Ctrl-C reaches a rank twice
+// (the terminal's, then the launcher's): both only ask for the stop, so the rank still ends at
+// a step boundary with its swap folder removed instead of dying mid-step.
+TEST(CliTrain, TwoSigintsUnderALauncherStillStopAtABoundary) {
+  TempDir swap;
+  ASSERT_TRUE(swap.ok());
+  std::vector<std::string> argv_text = {ZINF_BINARY,    "train",     "--steps",   "100000",
+                                        "--grad-accum", "1",         "--threads", "2",
+                                        "--nvme-path",  swap.path(), "--plot",    ""};
+  std::vector<char*> argv;
+  for (std::string& a : argv_text) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::string rank = "RANK=0", world = "WORLD_SIZE=1";
+  std::vector<char*> envp = {rank.data(), world.data(), nullptr};
+  int out_pipe[2];
+  ASSERT_EQ(::pipe2(out_pipe, O_CLOEXEC), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(out_pipe[1], 1);
+    ::dup2(out_pipe[1], 2);
+    ::execve(argv[0], argv.data(), envp.data());
+    ::_exit(127);
+  }
+  ASSERT_GT(pid, 0);
+  ::close(out_pipe[1]);
+  std::string out;
+  bool first = false, sent = false;
+  char buffer[4096];
+  for (ssize_t got; (got = ::read(out_pipe[0], buffer, sizeof buffer)) != 0;) {
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    out.append(buffer, static_cast<size_t>(got));
+    // The second once the first has been seen (two pending SIGINTs would merge into one):
+    // here while the run winds down, where a launcher's forwarded one may land.
+    if (!first && contains(out, "step 1/100000")) {
+      ::kill(pid, SIGINT);
+      first = true;
+    }
+    if (first && !sent && contains(out, "SIGINT received")) {
+      ::kill(pid, SIGINT);
+      sent = true;
+    }
+  }
+  ::close(out_pipe[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  ASSERT_TRUE(sent) << out;
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status) << "\n" << out;
+  EXPECT_EQ(WEXITSTATUS(status), 130) << out;
+  EXPECT_TRUE(contains(out, "launcher env")) << out;
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex("SIGINT received: stopped at the boundary of step [0-9]+ of 100000")))
+      << out;
+  EXPECT_TRUE(fs::is_empty(swap.path())) << "swap files left behind";
+}
+
 TEST(CliEstimate, PrintsThePlanAndTheDeepSpeedTable) {
   ZinfRun run = run_zinf({"estimate", "--config", kExamples + "/zero3_cpu_offload.json",
                           "--model-size", "1b", "--num-gpus", "8", "--num-nodes", "2"});
