@@ -273,7 +273,10 @@ int run_train(const TrainArgs& args) {
         engine::format_bytes(states), kStateBytesPerParam,
         static_cast<double>(states) / static_cast<double>(options.memory_budget),
         options.accelerator, engine::format_bytes(options.memory_budget)));
-    if (!corpus_note.empty()) say("data: " + corpus_note);
+    // The note matters for the generated fallback; "fortunes: ..." repeats the description.
+    if (!corpus_note.empty() && corpus_note.rfind("fortunes:", 0) != 0) {
+      say("data: " + corpus_note);
+    }
     const double entropy = data::unigram_entropy_nats(*source);
     say(fmt::format("data: {}; unigram entropy {:.4f} nats/token (the loss to beat)",
                     source->description(), entropy));
@@ -384,6 +387,9 @@ int run_train(const TrainArgs& args) {
     fmt::print(stderr, "zinf train: {}\n", e.what());
     return 2;
   } catch (const std::invalid_argument& e) {
+    fmt::print(stderr, "zinf train: {}\n", e.what());
+    return 2;
+  } catch (const data::DataError& e) {
     fmt::print(stderr, "zinf train: {}\n", e.what());
     return 2;
   } catch (const std::exception& e) {

@@ -198,6 +198,9 @@ TEST(CliTrain, BadConfigsGiveTheirMessageAndFail) {
   ZinfRun missing = run_zinf({"train", "--config", dir.path() + "/none.json", "--plot", ""});
   EXPECT_EQ(missing.exit_code, 2) << missing.out << missing.err;
   EXPECT_TRUE(contains(missing.err, dir.path() + "/none.json")) << missing.err;
+  ZinfRun no_data = run_zinf({"train", "--data", dir.path() + "/none.txt", "--plot", ""});
+  EXPECT_EQ(no_data.exit_code, 2) << no_data.out << no_data.err;
+  EXPECT_TRUE(contains(no_data.err, dir.path() + "/none.txt")) << no_data.err;
 }
 
 TEST(CliTrain, SigintStopsAtAStepBoundaryAndRemovesSwapFiles) {
