@@ -36,9 +36,10 @@ fail() {
   failures=$((failures + 1))
 }
 
-# 1. A successful build shows its stages and progress, then runs zinf io twice.
+# 1. A successful build shows its stages and progress, then runs zinf train once, passing
+#    the demo's arguments on.
 rc=0
-(cd "$tmp" && ZINF_JOBS=2 bash scripts/demo.sh) >"$tmp/out" 2>&1 || rc=$?
+(cd "$tmp" && ZINF_JOBS=2 bash scripts/demo.sh --steps 5) >"$tmp/out" 2>&1 || rc=$?
 progress=$(grep -c '^demo: build \[[0-9]*/40\]' "$tmp/out" || true)
 if ((rc != 0)); then
   fail "build: exit $rc"
@@ -50,10 +51,10 @@ elif ! grep -q '^demo: build \[40/40\]' "$tmp/out"; then
   fail "build: no final progress line"
 elif grep -q 'Building CXX object' "$tmp/out"; then
   fail "build: ninja's raw lines shown"
-elif [[ $(grep -c '^fake zinf io' "$tmp/out") != 2 ]]; then
-  fail "build: zinf io not run twice"
+elif [[ $(grep -c '^fake zinf train --plot build/zinf-train-loss.png --steps 5$' "$tmp/out") != 1 ]]; then
+  fail "build: zinf train not run once with the plot in build/ and the demo's arguments"
 else
-  echo "ok   progress lines while building, then zinf io"
+  echo "ok   progress lines while building, then zinf train"
 fi
 
 # 2. A failed build stops the demo with the build's own output.
@@ -64,7 +65,7 @@ if ((rc == 0)); then
 elif ! grep -q "error: expected ';'" "$tmp/out"; then
   fail "failed build: compiler error not shown"
 elif grep -q '^fake zinf' "$tmp/out"; then
-  fail "failed build: zinf io run anyway"
+  fail "failed build: zinf run anyway"
 else
   echo "ok   a failed build shows its output and stops"
 fi

@@ -5,6 +5,9 @@
 #include <CLI/CLI.hpp>
 
 #include "tools/commands.h"
+#ifdef ZINF_WITH_TORCH
+#include "tools/train_commands.h"
+#endif
 
 int main(int argc, char** argv) {
   CLI::App app{"zinf: ZeRO-Infinity style training runtime and NVMe offload tools", "zinf"};
@@ -14,6 +17,9 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   zinf::tools::add_io_command(app, exit_code);
   zinf::tools::add_nvme_tune_command(app, exit_code);
+#ifdef ZINF_WITH_TORCH
+  zinf::tools::add_train_commands(app, exit_code);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

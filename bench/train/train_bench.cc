@@ -1,0 +1,224 @@
+// bench/train: what offloading costs in training throughput. The bare `zinf train` model and
+// config (tools/train_config.h: stage 3, fp32, one decoder layer gathered at a time) trained
+// with its params and optimizer states (a) on the accelerator, (b) on CPU, (c) on NVMe
+// (max_in_cpu 0), on the default corpus from the same seed. Each mode runs in a child process
+// of this program (its own peak RSS); the modes are interleaved over --rounds rounds in a
+// rotated order; medians of tokens/s and of each round's ratio to the no-offload run.
+//
+//   build/bench/train/zinf_train_bench [--model small] [--steps 8] [--warmup 2] [--rounds 2]
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/data/data.h"
+#include "engine/engine.h"
+#include "engine/memory_plan.h"
+#include "engine/model/llama.h"
+#include "tools/train_config.h"
+
+namespace {
+
+using namespace zinf;
+namespace fs = std::filesystem;
+
+struct Args {
+  std::string model = "small";
+  int steps = 8;
+  int warmup = 2;
+  int rounds = 2;
+  int threads = 2;
+  std::string nvme_path = "/var/tmp";
+  std::string child;  // internal: run one mode and print a RESULT line
+};
+
+uint64_t peak_rss() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<uint64_t>(u.ru_maxrss) * 1024;
+}
+
+// One mode in this process: prints "RESULT mode tokens/s rss s/step loss device host nvme".
+int run_child(const Args& a) {
+  std::string note;
+  std::unique_ptr<data::TokenSource> source = data::default_corpus(&note);
+  auto model = engine::named_llama(a.model, static_cast<int64_t>(source->vocab_size()));
+  if (!model) throw std::runtime_error("unknown model " + a.model);
+  const int64_t seq = 64;
+  model->max_seq_len = std::max(model->max_seq_len, seq);
+
+  // The bare config with this mode's offload devices.
+  nlohmann::json root = tools::bare_config(*model, a.steps, 1);
+  nlohmann::json& z = root["zero_optimization"];
+  std::string swap;
+  if (a.child == "nvme") {
+    std::string pattern = (fs::path(a.nvme_path) / "zinf-bench-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp in " + a.nvme_path);
+    swap = pattern;
+  } else {
+    z.erase("offload_param");
+    z.erase("offload_optimizer");
+    if (a.child == "cpu") {
+      z["offload_param"] = {{"device", "cpu"}};
+      z["offload_optimizer"] = {{"device", "cpu"}};
+    } else {
+      // Everything on the device: the budget is the model states and more.
+      root["zinf"]["accelerator"]["memory_budget"] = "4GiB";
+    }
+  }
+  tools::ConfigOverrides overrides;
+  overrides.steps = a.steps;
+  overrides.nvme_path = swap;
+  const config::RunConfig cfg =
+      tools::resolve_run_config(root, "bench " + a.child, overrides, *model, nullptr);
+  engine::EngineOptions o = tools::engine_options(cfg, zero::LaunchEnv{}, seq, a.threads);
+  o.steps_per_print = 0;
+  const int64_t micro = o.micro_batch_size;
+  o.activation_bytes = engine::llama_activation_bytes(*model, micro, seq, 4);
+
+  data::LoaderOptions lo;
+  lo.seq_len = seq;
+  data::SampleLoader loader(*source, lo);
+  std::vector<int64_t> in, tg;
+  double timed_seconds = 0, timed_tokens = 0, last_loss = 0;
+  engine::MemoryReport mem;
+  {
+    auto module = std::make_shared<engine::LlamaModelImpl>(*model, at::kFloat);
+    engine::Engine eng(module, o, [](const std::string& name, at::Tensor& full) {
+      engine::init_parameter(1234, name, full);
+    });
+    for (int s = 0; s < a.steps; ++s) {
+      const engine::StepReport r = eng.train_batch([&](int) {
+        loader.next(micro, in, tg);
+        const at::Tensor x = at::from_blob(in.data(), {micro, seq}, at::kLong).clone();
+        const at::Tensor y = at::from_blob(tg.data(), {micro, seq}, at::kLong).clone();
+        return module->loss(x, y);
+      });
+      last_loss = r.loss;
+      if (s >= a.warmup) {
+        timed_seconds += r.seconds;
+        timed_tokens += static_cast<double>(micro * seq * eng.gradient_accumulation_steps());
+      }
+    }
+    mem = eng.memory_report();
+  }
+  if (!swap.empty()) fs::remove_all(swap);
+  fmt::print("RESULT {} {:.3f} {} {:.3f} {:.4f} {} {} {}\n", a.child,
+             timed_tokens / std::max(timed_seconds, 1e-9), peak_rss(),
+             timed_seconds / std::max(1, a.steps - a.warmup), last_loss, mem.device_peak,
+             mem.pinned + mem.host, mem.nvme);
+  return 0;
+}
+
+struct Result {
+  std::string mode;
+  double tokens_per_s = 0;
+  uint64_t rss = 0;
+  double step_s = 0;
+  double loss = 0;
+  uint64_t device = 0, host = 0, nvme = 0;
+};
+
+Result spawn(const std::string& self, const Args& a, const std::string& mode) {
+  const std::string cmd =
+      fmt::format("'{}' --child {} --model {} --steps {} --warmup {} --threads {} --nvme-path '{}'",
+                  self, mode, a.model, a.steps, a.warmup, a.threads, a.nvme_path);
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) throw std::runtime_error("cannot start " + cmd);
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (fgets(buf.data(), static_cast<int>(buf.size()), p) != nullptr) out += buf.data();
+  const int status = pclose(p);
+  if (status != 0) throw std::runtime_error(fmt::format("mode {} failed:\n{}", mode, out));
+  Result r;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("RESULT ", 0) != 0) continue;
+    std::istringstream f(line.substr(7));
+    f >> r.mode >> r.tokens_per_s >> r.rss >> r.step_s >> r.loss >> r.device >> r.host >> r.nvme;
+  }
+  if (r.mode.empty()) {
+    throw std::runtime_error(fmt::format("mode {} printed no result:\n{}", mode, out));
+  }
+  return r;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"zinf bench/train: tokens/s and peak RSS with no offload, CPU and NVMe offload"};
+  Args a;
+  app.add_option("--model", a.model)->capture_default_str();
+  app.add_option("--steps", a.steps, "Steps per run (the first --warmup are not timed)")
+      ->capture_default_str();
+  app.add_option("--warmup", a.warmup)->capture_default_str();
+  app.add_option("--rounds", a.rounds, "Rounds; the three modes run once per round, rotated")
+      ->capture_default_str();
+  app.add_option("--threads", a.threads, "Compute threads")->capture_default_str();
+  app.add_option("--nvme-path", a.nvme_path, "Folder of the NVMe swap files")
+      ->capture_default_str();
+  app.add_option("--child", a.child)->group("");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (a.steps <= a.warmup) throw std::invalid_argument("--steps must be more than --warmup");
+    if (!a.child.empty()) return run_child(a);
+    const std::string self = fs::read_symlink("/proc/self/exe").string();
+    fmt::print(
+        "bench/train: the bare zinf train config, {} model, fp32, {} steps ({} untimed), "
+        "{} threads, {} rounds, swap in {}\n",
+        a.model, a.steps, a.warmup, a.threads, a.rounds, a.nvme_path);
+    const std::vector<std::string> modes = {"none", "cpu", "nvme"};
+    std::map<std::string, std::vector<double>> tps, ratio;
+    std::map<std::string, Result> last;
+    for (int round = 0; round < a.rounds; ++round) {
+      std::map<std::string, double> this_round;
+      for (size_t i = 0; i < modes.size(); ++i) {
+        const std::string& m = modes[(i + static_cast<size_t>(round)) % modes.size()];
+        const Result r = spawn(self, a, m);
+        fmt::print(
+            "  round {} {:<5} {:>8.1f} tokens/s  {:.2f} s/step  peak RSS {:>10}  loss "
+            "{:.4f}\n",
+            round + 1, m, r.tokens_per_s, r.step_s, engine::format_bytes(r.rss), r.loss);
+        std::fflush(stdout);
+        this_round[m] = r.tokens_per_s;
+        tps[m].push_back(r.tokens_per_s);
+        last[m] = r;
+      }
+      for (const auto& m : modes) ratio[m].push_back(this_round[m] / this_round["none"]);
+    }
+    fmt::print("\n{:<8} {:>10} {:>13} {:>11} {:>11} {:>11} {:>11}\n", "offload", "tokens/s",
+               "x no-offload", "peak RSS", "device", "host", "nvme");
+    for (const auto& m : modes) {
+      const Result& r = last[m];
+      fmt::print("{:<8} {:>10.1f} {:>13.3f} {:>11} {:>11} {:>11} {:>11}\n", m, median(tps[m]),
+                 median(ratio[m]), engine::format_bytes(r.rss), engine::format_bytes(r.device),
+                 engine::format_bytes(r.host), engine::format_bytes(r.nvme));
+    }
+    fmt::print("nvme / no-offload tokens/s: {:.3f} (median of per-round ratios; target >= 0.9)\n",
+               median(ratio["nvme"]));
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "zinf_train_bench: {}\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,402 @@
+#include "tools/train.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+#include <thread>
+
+#include "engine/config/resolve.h"
+#include "engine/csv_monitor.h"
+#include "engine/data/data.h"
+#include "engine/engine.h"
+#include "engine/memory_plan.h"
+#include "engine/model/llama.h"
+#include "tools/interrupt.h"
+#include "tools/loss_plot.h"
+#include "tools/progress.h"
+#include "tools/train_config.h"
+
+namespace zinf::tools {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// A swap folder made for this run and removed, with everything in it, at the end.
+class TempFolder {
+ public:
+  explicit TempFolder(const std::string& parent) {
+    std::string pattern = (fs::path(parent) / "zinf-train-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) {
+      throw std::runtime_error(
+          fmt::format("cannot create a swap folder in {}: {}", parent, std::strerror(errno)));
+    }
+    path_ = pattern;
+  }
+  ~TempFolder() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempFolder(const TempFolder&) = delete;
+  TempFolder& operator=(const TempFolder&) = delete;
+  [[nodiscard]] const std::string& path() const noexcept { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// /var/tmp is disk-backed by convention, unlike a tmpfs /tmp: swap belongs on a disk.
+std::string default_swap_parent() {
+  if (const char* t = std::getenv("TMPDIR"); t != nullptr && *t != '\0') return t;
+  return "/var/tmp";
+}
+
+// Compute threads per rank and where the number came from.
+std::pair<int, std::string> compute_threads(const TrainArgs& args, const config::RunConfig& c,
+                                            const zero::LaunchEnv& launch) {
+  if (args.threads) {
+    if (*args.threads < 1) {
+      throw std::invalid_argument(fmt::format("--threads {} must be >= 1", *args.threads));
+    }
+    return {*args.threads, "--threads"};
+  }
+  if (c.zinf.threads > 0) return {c.zinf.threads, "zinf.threads"};
+  if (const char* omp = std::getenv("OMP_NUM_THREADS"); omp != nullptr && *omp != '\0') {
+    return {at::get_num_threads(),
+            fmt::format("OMP_NUM_THREADS={}{}; --threads N to change", omp,
+                        launch.launcher == "torchrun" ? ", set by torchrun" : "")};
+  }
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int local = std::max(1, launch.local_world_size);
+  return {std::max(1, cores / local),
+          fmt::format("{} cores / {} rank(s) on this node", cores, local)};
+}
+
+double mean(const std::vector<double>& v, size_t from, size_t to) {
+  to = std::min(to, v.size());
+  if (from >= to) return 0.0;
+  return std::accumulate(v.begin() + static_cast<std::ptrdiff_t>(from),
+                         v.begin() + static_cast<std::ptrdiff_t>(to), 0.0) /
+         static_cast<double>(to - from);
+}
+
+volatile std::sig_atomic_t g_launcher_signal = 0;
+
+extern "C" void record_launcher_signal(int signal_number) { g_launcher_signal = signal_number; }
+
+// Under a launcher a Ctrl-C reaches each rank twice: from the terminal (the whole process
+// group) and again from the launcher, which forwards it (and kills the workers itself if
+// they do not end). InterruptScope's second-signal-kills rule would end a rank between step
+// boundaries, leaving its swap folder and failing its peers; while this lives, every SIGINT
+// and SIGTERM only records itself.
+class LauncherSignals {
+ public:
+  LauncherSignals() {
+    struct sigaction action {};
+    action.sa_handler = record_launcher_signal;
+    sigemptyset(&action.sa_mask);
+    if (sigaction(SIGINT, &action, &old_int_) != 0 ||
+        sigaction(SIGTERM, &action, &old_term_) != 0) {
+      throw std::runtime_error(fmt::format("sigaction: {}", std::strerror(errno)));
+    }
+  }
+  ~LauncherSignals() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  LauncherSignals(const LauncherSignals&) = delete;
+  LauncherSignals& operator=(const LauncherSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+int stop_signal() noexcept {
+  const int sig = interrupt_signal();
+  return sig != 0 ? sig : static_cast<int>(g_launcher_signal);
+}
+
+// Every rank stops at the same step: the largest signal any rank saw wins.
+int agreed_signal(engine::Engine& eng) {
+  int64_t sig = stop_signal();
+  if (eng.world_size() > 1) {
+    eng.comm().all_reduce(&sig, 1, zero::DType::kInt64, zero::ReduceOp::kMax)->wait();
+  }
+  return static_cast<int>(sig);
+}
+
+}  // namespace
+
+std::string default_train_config(uint64_t memory_budget_bytes, uint64_t buffer_numel,
+                                 uint64_t live_numel, int64_t steps) {
+  // A cosine schedule after a short warm-up; DeepSpeed warms up for at least 2 steps, and the
+  // cosine phase needs one more, so a run of 1 or 2 steps keeps a warm-up only.
+  const std::string scheduler =
+      steps >= 3 ? fmt::format(R"({{"type": "WarmupCosineLR",
+                 "params": {{"warmup_num_steps": {}, "total_num_steps": "auto",
+                             "cos_min_ratio": 0.1}}}})",
+                               std::min<int64_t>(10, steps - 1))
+                 : std::string(R"({"type": "WarmupLR", "params": {"warmup_num_steps": 2,
+                 "warmup_max_lr": 3e-3, "warmup_type": "linear"}})");
+  // Params and optimizer states on NVMe (max_in_cpu 0: no parameter slice stays in memory),
+  // `live_numel` elements gathered at once, bucket sizes following the hidden size ("auto"),
+  // the CPU accelerator under `memory_budget_bytes`.
+  return fmt::format(R"({{
+  "train_micro_batch_size_per_gpu": 2,
+  "gradient_accumulation_steps": 8,
+  "optimizer": {{"type": "AdamW",
+                 "params": {{"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8,
+                             "weight_decay": 0.0}}}},
+  "scheduler": {},
+  "gradient_clipping": 1.0,
+  "zero_optimization": {{
+    "stage": 3,
+    "offload_param": {{"device": "nvme", "buffer_count": 4, "buffer_size": {},
+                       "max_in_cpu": 0}},
+    "offload_optimizer": {{"device": "nvme", "buffer_count": 4}},
+    "reduce_bucket_size": "auto",
+    "stage3_prefetch_bucket_size": "auto",
+    "stage3_param_persistence_threshold": "auto",
+    "stage3_max_live_parameters": {}
+  }},
+  "steps_per_print": 10,
+  "zinf": {{"accelerator": {{"type": "cpu", "memory_budget": {}}}}}
+}})",
+                     scheduler, buffer_numel, live_numel, memory_budget_bytes);
+}
+
+int run_train(const TrainArgs& args) {
+  InterruptScope interrupt_scope;
+  const bool bare = args.config.empty();
+  int rank = 0;
+  try {
+    const zero::LaunchEnv launch = zero::detect_launch_env();
+    rank = launch.rank;
+    const bool lead = rank == 0;
+    std::optional<LauncherSignals> launcher_signals;
+    if (launch.launcher != "none") {
+      g_launcher_signal = 0;
+      launcher_signals.emplace();
+    }
+    auto say = [&](const std::string& line) {
+      if (lead) {
+        fmt::print("{}\n", line);
+        std::fflush(stdout);  // in order with stderr and the engine's lines when piped
+      }
+    };
+
+    // ---- data: its vocabulary sizes the model -----------------------------------------------
+    std::string corpus_note;
+    std::unique_ptr<data::TokenSource> source =
+        args.data.empty() ? data::default_corpus(&corpus_note) : data::open_data(args.data);
+    const int64_t seq_len = args.seq_len.value_or(kBareSeqLen);
+    if (seq_len < 1) throw std::invalid_argument(fmt::format("--seq-len {} must be >= 1", seq_len));
+
+    const std::string model_name = args.model.empty() ? kBareModel : args.model;
+    std::optional<engine::LlamaConfig> model =
+        engine::named_llama(model_name, static_cast<int64_t>(source->vocab_size()));
+    if (!model) {
+      throw std::invalid_argument(
+          fmt::format("--model \"{}\" is not one of {}", model_name, engine::named_llama_list()));
+    }
+    model->max_seq_len = std::max(model->max_seq_len, seq_len);
+    const auto params = static_cast<uint64_t>(model->parameter_count());
+    const uint64_t states = params * kStateBytesPerParam;
+    const int64_t steps = args.steps.value_or(kDefaultSteps);
+    if (steps < 1) throw std::invalid_argument(fmt::format("--steps {} must be >= 1", steps));
+
+    // ---- config ------------------------------------------------------------------------------
+    std::optional<TempFolder> swap;
+    ConfigOverrides overrides;
+    overrides.micro_batch = args.micro_batch;
+    overrides.grad_accum = args.grad_accum;
+    overrides.lr = args.lr;
+    overrides.steps = steps;
+    overrides.world_size = launch.world_size;
+    nlohmann::json root;
+    std::string source_name;
+    if (bare) {
+      // Each rank makes its own folder: ranks may share a node, and a swap file is a rank's.
+      swap.emplace(args.nvme_path.empty() ? default_swap_parent() : args.nvme_path);
+      overrides.nvme_path = swap->path();
+      root = bare_config(*model, steps, launch.world_size);
+      source_name = "embedded default";
+    } else {
+      overrides.nvme_path = args.nvme_path;
+      root = load_config_json(args.config);
+      source_name = args.config;
+    }
+    std::vector<std::string> override_lines;
+    const config::RunConfig cfg =
+        resolve_run_config(root, source_name, overrides, *model, &override_lines);
+
+    if (cfg.zero.precision == zero::Precision::kFloat16 &&
+        cfg.zinf.accelerator == config::AcceleratorType::kCpu) {
+      // LibTorch 1.13's CPU kernels have no fp16 matmul ("addmm_impl_cpu_" not implemented
+      // for 'Half'): fail before anything is allocated rather than in the first forward.
+      throw config::ConfigError(cfg.source, "fp16.enabled",
+                                "fp16 compute needs a CUDA accelerator: LibTorch's CPU kernels "
+                                "have no fp16 matmul; on the CPU accelerator enable bf16 "
+                                "(bf16.enabled) or neither (fp32)");
+    }
+    const auto [threads, threads_why] = compute_threads(args, cfg, launch);
+    engine::EngineOptions options = engine_options(cfg, launch, seq_len, threads);
+    const at::ScalarType dtype = parameter_dtype(cfg.zero.precision);
+    const int64_t micro = options.micro_batch_size;
+    options.activation_bytes =
+        engine::llama_activation_bytes(*model, micro, seq_len, dtype == at::kFloat ? 4 : 2);
+    const int64_t global_batch = micro * cfg.zero.gradient_accumulation_steps * launch.world_size;
+    const int64_t tokens_per_step = global_batch * seq_len;
+
+    // ---- start-up lines ------------------------------------------------------------------------
+    say(fmt::format("zinf train: {}; {} compute thread{} per rank ({})", zero::to_string(launch),
+                    threads, threads == 1 ? "" : "s", threads_why));
+    say(fmt::format("config: {}", source_name));
+    for (const auto& w : cfg.warnings) say("warning: " + w);
+    for (const auto& line : override_lines) say("  " + line);
+    for (const auto& line : config::resolved_lines(cfg)) say("  " + line);
+    say(fmt::format(
+        "model {}: {:.2f} M parameters ({} layers, hidden {}, {} heads, vocab {}), "
+        "{}; model states {} ({} B/param) = {:.1f}x the {} accelerator budget {}",
+        model->name, static_cast<double>(params) / 1e6, model->num_layers, model->hidden_size,
+        model->num_heads, model->vocab_size, precision_name(cfg.zero.precision),
+        engine::format_bytes(states), kStateBytesPerParam,
+        static_cast<double>(states) / static_cast<double>(options.memory_budget),
+        options.accelerator, engine::format_bytes(options.memory_budget)));
+    // The note matters for the generated fallback; "fortunes: ..." repeats the description.
+    if (!corpus_note.empty() && corpus_note.rfind("fortunes:", 0) != 0) {
+      say("data: " + corpus_note);
+    }
+    const double entropy = data::unigram_entropy_nats(*source);
+    say(fmt::format("data: {}; unigram entropy {:.4f} nats/token (the loss to beat)",
+                    source->description(), entropy));
+    say(
+        fmt::format("batch: {} samples x {} tokens = {} tokens per step ({} per rank per "
+                    "micro-batch x {} accumulation x {} rank(s)); {} steps",
+                    global_batch, seq_len, tokens_per_step, micro,
+                    cfg.zero.gradient_accumulation_steps, launch.world_size, steps));
+    if (swap) say(fmt::format("swap folder: {} (removed at the end)", swap->path()));
+
+    data::LoaderOptions lo;
+    lo.seq_len = seq_len;
+    lo.seed = args.seed;
+    lo.rank = launch.rank;
+    lo.world_size = launch.world_size;
+    data::SampleLoader loader(*source, lo);
+
+    Progress progress(steps, stderr, lead ? std::nullopt : std::optional<bool>(false),
+                      cfg.steps_per_print);
+    std::optional<engine::CsvMonitor> csv;
+    if (cfg.csv_monitor.enabled && lead) {
+      csv.emplace(cfg.csv_monitor.output_path, cfg.csv_monitor.job_name);
+      say(fmt::format("csv_monitor: {}", csv->folder()));
+    }
+    options.monitor = [&](const engine::MonitorEvent& e) {
+      if (csv) csv->write(e.name, e.samples, e.value);
+    };
+    options.log = [&](const std::string& line) { progress.print(line); };
+
+    // ---- train ---------------------------------------------------------------------------------
+    const Clock::time_point start = Clock::now();
+    auto module = std::make_shared<engine::LlamaModelImpl>(*model, dtype);
+    const uint64_t seed = args.seed;
+    engine::Engine eng(module, options, [seed](const std::string& name, at::Tensor& full) {
+      engine::init_parameter(seed, name, full);
+    });
+
+    std::vector<std::pair<double, double>> curve;
+    std::vector<double> losses, tokens_per_s;
+    std::vector<int64_t> inputs, targets;
+    int64_t step = 0;
+    int sig = 0;
+    while (step < steps && (sig = agreed_signal(eng)) == 0) {
+      const engine::StepReport r = eng.train_batch([&](int) {
+        loader.next(micro, inputs, targets);
+        // Cloned: the embedding's backward keeps the token ids.
+        const at::Tensor x = at::from_blob(inputs.data(), {micro, seq_len}, at::kLong).clone();
+        const at::Tensor y = at::from_blob(targets.data(), {micro, seq_len}, at::kLong).clone();
+        return module->loss(x, y);
+      });
+      ++step;
+      curve.emplace_back(static_cast<double>(step), r.loss);
+      losses.push_back(r.loss);
+      tokens_per_s.push_back(r.tokens_per_second);
+      if (lead) progress.update(step, r.loss, r.tokens_per_second);
+    }
+    if (sig == 0) sig = stop_signal();  // after the last step: report it, finish anyway
+    progress.finish();
+    const double wall = std::chrono::duration<double>(Clock::now() - start).count();
+
+    if (sig != 0) {
+      say(
+          fmt::format("{} received: stopped at the boundary of step {} of {}; swap files "
+                      "removed",
+                      signal_name(sig), step, steps));
+    }
+    if (lead && !losses.empty()) {
+      const engine::MemoryReport mem = eng.memory_report();
+      const size_t window = std::max<size_t>(1, std::min<size_t>(10, losses.size() / 5));
+      const double loss_start = mean(losses, 0, window);
+      const double loss_end = mean(losses, losses.size() - window, losses.size());
+      // Throughput from the steps after the first (which records the trace and warms up).
+      const double tps = mean(tokens_per_s, tokens_per_s.size() > 1 ? 1 : 0, tokens_per_s.size());
+      fmt::print("\n== zinf train: {} steps of {} in {:.1f} s ==\n", step, model->name, wall);
+      fmt::print("model       {:.2f} M parameters; model states {} on a {} {} budget\n",
+                 static_cast<double>(params) / 1e6, engine::format_bytes(states),
+                 engine::format_bytes(options.memory_budget), options.accelerator);
+      fmt::print(
+          "throughput  {:.0f} tokens/s ({:.2f} s/step, {} tokens/step, {} rank(s) x {} "
+          "thread(s))\n",
+          tps, tps > 0 ? static_cast<double>(tokens_per_step) / tps : 0.0, tokens_per_step,
+          launch.world_size, threads);
+      fmt::print("memory      planned and measured peak per tier (rank 0):\n{}", mem.table());
+      fmt::print(
+          "loss        {:.4f} -> {:.4f} (mean of the first and last {} steps); unigram "
+          "entropy {:.4f}: {}\n",
+          loss_start, loss_end, window, entropy,
+          loss_end < entropy ? fmt::format("beaten by {:.4f}", entropy - loss_end)
+                             : std::string("not beaten"));
+      fmt::print("            {}\n", sparkline(losses, 60));
+      if (!args.plot.empty()) {
+        LossCurve lc;
+        lc.points = curve;
+        lc.baseline = entropy;
+        lc.title = fmt::format("zinf train: {} ({:.2f} M params), {}", model->name,
+                               static_cast<double>(params) / 1e6, source->description());
+        const std::string why = write_loss_png(lc, args.plot);
+        if (why.empty()) {
+          fmt::print("loss plot   {}\n", args.plot);
+        } else {
+          fmt::print(stderr, "warning: loss plot not written: {}\n", why);
+        }
+      }
+    }
+    std::fflush(stdout);
+    return sig != 0 ? 128 + sig : 0;
+  } catch (const config::ConfigError& e) {
+    fmt::print(stderr, "zinf train: {}\n", e.what());
+    return 2;
+  } catch (const std::invalid_argument& e) {
+    fmt::print(stderr, "zinf train: {}\n", e.what());
+    return 2;
+  } catch (const data::DataError& e) {
+    fmt::print(stderr, "zinf train: {}\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "zinf train{}: {}\n",
+               rank != 0 ? fmt::format(" (rank {})", rank) : std::string(), e.what());
+    return 1;
+  }
+}
+
+}  // namespace zinf::tools

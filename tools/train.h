@@ -1,0 +1,55 @@
+// `zinf train`: trains the reference Llama model (engine/model/llama.h) with the Engine from a
+// DeepSpeed JSON config, on a text or pre-tokenized corpus (engine/data), with a progress bar
+// on a terminal (plain lines elsewhere), csv_monitor files when the config asks for them, an
+// end-of-run summary (model size, tokens/s, per-tier planned and measured peaks, the loss
+// curve against the corpus's unigram entropy) and a PNG of the loss curve.
+//
+// Run bare (no --config) it uses an embedded default (default_train_config()): stage 3 with
+// params and optimizer on NVMe in a temporary folder, fp32, the CPU accelerator with a budget
+// of 1/4 of the model states, the default corpus (engine/data's default_corpus()).
+//
+// Ctrl-C (SIGINT) or SIGTERM stops at the next step boundary: the run ends as if --steps had
+// been reached there (summary, plot), the swap files are removed, the step is named, and the
+// exit code is 128 + the signal. A second Ctrl-C ends the process at once, except under a launcher
+// (torchrun forwards the terminal's Ctrl-C, so each rank sees it twice).
+//
+// Thread safety: run_train owns the process's SIGINT/SIGTERM handlers while it runs.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace zinf::tools {
+
+struct TrainArgs {
+  std::string config;                        // DeepSpeed JSON; empty: the embedded default
+  std::string model;                         // named size; empty: kBareModel
+  std::optional<int64_t> steps;              // optimizer steps; unset: kDefaultSteps
+  std::string data;                          // a file (see open_data); empty: default corpus
+  std::optional<int64_t> seq_len;            // tokens per sample; unset: kBareSeqLen
+  std::optional<int64_t> micro_batch;        // train_micro_batch_size_per_gpu override
+  std::optional<int64_t> grad_accum;         // gradient_accumulation_steps override
+  std::optional<double> lr;                  // optimizer lr override
+  uint64_t seed = 1234;                      // initial weights and data order
+  std::string nvme_path;                     // swap folder (replaces the config's)
+  std::string plot = "zinf-train-loss.png";  // the loss curve PNG; "" to skip
+  std::optional<int> threads;                // compute threads per rank
+};
+
+inline constexpr const char* kBareModel = "small";
+inline constexpr int64_t kDefaultSteps = 60;
+inline constexpr int64_t kBareSeqLen = 64;
+
+// Runs the training; returns the process exit code: 0, 1 on an error (printed to stderr), 2
+// for bad arguments, 128 + signal when interrupted.
+int run_train(const TrainArgs& args);
+
+// The embedded default config of a bare run (JSON text): `memory_budget_bytes` is the CPU
+// accelerator's budget, `buffer_numel` offload_param.buffer_size (the model's largest
+// parameter), `live_numel` stage3_max_live_parameters (one decoder layer), `steps` sizes the
+// warm-up. The swap folder is given separately (zinf.nvme_paths) by the caller.
+[[nodiscard]] std::string default_train_config(uint64_t memory_budget_bytes, uint64_t buffer_numel,
+                                               uint64_t live_numel, int64_t steps);
+
+}  // namespace zinf::tools
