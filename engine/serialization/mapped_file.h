@@ -2,6 +2,10 @@
 // pickle, safetensors). Readers hand out std::span views into the mapping, so the mapping
 // must outlive every view taken from it.
 //
+// The mapping shows the file as it is: a file truncated by another process while mapped
+// raises SIGBUS on access to the lost pages. zinf's writers replace files by rename, never in
+// place, so a file zinf is reading is not truncated by zinf.
+//
 // An empty file is valid: data() is nullptr and size() is 0 (mmap of length 0 is refused by
 // the kernel, so no mapping is made).
 //
