@@ -22,6 +22,7 @@
 #include "engine/serialization/serialization_error.h"
 #include "tests/common/seed.h"
 #include "tests/common/temp_dir.h"
+#include "tests/serialization/pickle_test_util.h"
 
 namespace zinf::serialization {
 namespace {
@@ -29,20 +30,12 @@ namespace {
 using Json = nlohmann::json;
 using Kind = PickleValue::Kind;
 
-constexpr const char* kPython = "/usr/bin/python3";
-const std::string kScript = std::string(ZINF_SERIALIZATION_FIXTURES) + "/pickle_fixtures.py";
+using test_util::kPython;
+using test_util::read_json;
+using test_util::run;
+const std::string kScript = test_util::fixture_script();
 
 // ---- Helpers. ----
-
-std::string hex(std::string_view bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (char c : bytes) {
-    out.push_back(digits[static_cast<uint8_t>(c) >> 4]);
-    out.push_back(digits[static_cast<uint8_t>(c) & 15]);
-  }
-  return out;
-}
 
 std::vector<uint8_t> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -52,23 +45,6 @@ std::vector<uint8_t> read_file(const std::string& path) {
 void write_file(const std::string& path, const std::vector<uint8_t>& data) {
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
-}
-
-Json read_json(const std::string& path) {
-  std::ifstream in(path);
-  return Json::parse(in);
-}
-
-// Runs a shell command; returns its exit status and collects its stdout.
-int run(const std::string& command, std::string* output = nullptr) {
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return -1;
-  char buffer[4096];
-  size_t n;
-  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) {
-    if (output != nullptr) output->append(buffer, n);
-  }
-  return ::pclose(pipe);
 }
 
 // The script's description of a value, built from zinf's tree (see pickle_fixtures.py).
@@ -93,23 +69,23 @@ Json describe(const PickleValue& v) {
     case Kind::kInt:
       return v.as_int();
     case Kind::kBigInt:
-      return {{"bigint", hex(v.big_int_bytes())}};
+      return {{"bigint", test_util::hex(v.big_int_bytes())}};
     case Kind::kFloat:
       return {{"float", std::bit_cast<uint64_t>(v.as_float())}};
     case Kind::kString:
       return v.as_string();
     case Kind::kBytes:
-      return {{"bytes", hex(v.as_string())}};
+      return {{"bytes", test_util::hex(v.as_string())}};
     case Kind::kByteArray:
-      return {{"bytearray", hex(v.as_string())}};
+      return {{"bytearray", test_util::hex(v.as_string())}};
     case Kind::kList:
       return {{"list", list_of(v)}};
     case Kind::kTuple:
       return {{"tuple", list_of(v)}};
     case Kind::kSet:
-      return {{"set", list_of(v)}};
+      return {{"set", test_util::canonical_order(list_of(v))}};
     case Kind::kFrozenSet:
-      return {{"frozenset", list_of(v)}};
+      return {{"frozenset", test_util::canonical_order(list_of(v))}};
     case Kind::kDict:
       return {{"dict", entries_of(v)}};
     case Kind::kOrderedDict:
@@ -144,29 +120,6 @@ Json describe(const PickleValue& v) {
   return "?";
 }
 
-// The path of the first place where `a` and `b` differ, with both values there; "" if equal.
-std::string first_difference(const Json& a, const Json& b, const std::string& path = "$") {
-  if (a == b) return {};
-  if (a.type() == b.type() && (a.is_array() || a.is_object())) {
-    if (a.is_array() && a.size() == b.size()) {
-      for (size_t i = 0; i < a.size(); ++i) {
-        std::string d = first_difference(a[i], b[i], path + "[" + std::to_string(i) + "]");
-        if (!d.empty()) return d;
-      }
-    }
-    if (a.is_object()) {
-      for (const auto& [key, value] : a.items()) {
-        if (!b.contains(key)) return path + "." + key + ": missing on the right";
-        std::string d = first_difference(value, b[key], path + "." + key);
-        if (!d.empty()) return d;
-      }
-    }
-  }
-  return path + ": " + a.dump().substr(0, 300) + " vs " + b.dump().substr(0, 300);
-}
-
-#define EXPECT_SAME_JSON(a, b) EXPECT_EQ(first_difference((a), (b)), "")
-
 PickleDocument read(const std::vector<uint8_t>& data, const std::string& source = "test.pkl") {
   return read_pickle(data, source);
 }
@@ -183,7 +136,7 @@ std::vector<uint8_t> bytes_of(const char (&literal)[N]) {
 class PickleFixtureTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    if (run(std::string(kPython) + " -c 'import torch' 2>/dev/null") != 0) {
+    if (!test_util::python_has_torch()) {
       skip_reason_ = new std::string(std::string(kPython) + " has no torch");
       return;
     }
