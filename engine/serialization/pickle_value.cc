@@ -455,8 +455,8 @@ PickleValue* PickleDocument::integer(int64_t value, uint64_t offset) {
   return node;
 }
 
-PickleValue* PickleDocument::integer_from_bytes(std::string_view le_bytes, uint64_t offset) {
-  // Minimal form: drop high bytes that only repeat the sign of the byte below them.
+size_t minimal_int_length(std::string_view le_bytes) {
+  // Drop high bytes that only repeat the sign of the byte below them.
   size_t length = le_bytes.size();
   while (length > 1) {
     const auto top = static_cast<uint8_t>(le_bytes[length - 1]);
@@ -467,6 +467,11 @@ PickleValue* PickleDocument::integer_from_bytes(std::string_view le_bytes, uint6
       break;
     }
   }
+  return length;
+}
+
+PickleValue* PickleDocument::integer_from_bytes(std::string_view le_bytes, uint64_t offset) {
+  const size_t length = minimal_int_length(le_bytes);
   if (length <= 8) {
     uint64_t bits = 0;
     for (size_t i = 0; i < length; ++i) {

@@ -62,6 +62,10 @@ enum class TensorDType : uint8_t {
 // "float32", "bfloat16", ... (torch's names without the "torch." prefix); "unknown".
 [[nodiscard]] std::string_view dtype_name(TensorDType dtype);
 
+// The length of the minimal little-endian two's complement form of the integer in
+// `le_bytes` (high bytes that only repeat the sign dropped; at least 1 for a non-empty input).
+[[nodiscard]] size_t minimal_int_length(std::string_view le_bytes);
+
 // A torch persistent storage id: ('storage', torch.<storage_type>, key, location, numel).
 // The bytes live in the archive record `data/<key>`.
 struct StorageRef {

@@ -30,15 +30,7 @@ std::string encode_long(int64_t value) {
   for (size_t i = 0; i < 8; ++i) {
     bytes[i] = static_cast<char>((static_cast<uint64_t>(value) >> (8 * i)) & 0xff);
   }
-  while (bytes.size() > 1) {
-    const auto top = static_cast<uint8_t>(bytes[bytes.size() - 1]);
-    const auto below = static_cast<uint8_t>(bytes[bytes.size() - 2]);
-    if ((top == 0x00 && (below & 0x80) == 0) || (top == 0xff && (below & 0x80) != 0)) {
-      bytes.pop_back();
-    } else {
-      break;
-    }
-  }
+  bytes.resize(minimal_int_length(bytes));
   return bytes;
 }
 
@@ -153,6 +145,24 @@ class Writer {
       put_le(index, 4);
     }
   }
+  // Closes a tuple of `count` elements just written (after a MARK when count > 3).
+  void put_tuple_end(size_t count) {
+    static constexpr uint8_t kSmall[] = {op::kEmptyTuple, op::kTuple1, op::kTuple2, op::kTuple3};
+    put(count <= 3 ? kSmall[count] : op::kTuple);
+  }
+  // bytes at protocol 2: _codecs.encode(latin-1 text, 'latin1'), or bytes() when empty.
+  void put_bytes(std::string_view data) {
+    if (data.empty()) {
+      put_global("__builtin__", "bytes");
+      put(op::kEmptyTuple);
+    } else {
+      put_global("_codecs", "encode");
+      put_str(utf8_from_latin1(data));
+      put_str("latin1");
+      put(op::kTuple2);
+    }
+    put(op::kReduce);
+  }
   void remember(const PickleValue& value) { memo_[&value] = put_memo(); }
   // OrderedDict(): also the empty backward-hooks argument of torch's rebuild functions.
   void put_empty_ordered_dict() {
@@ -212,46 +222,15 @@ void Writer::save_entries(std::span<const PickleEntry> entries, size_t depth) {
 }
 
 void Writer::save_tuple(std::span<const PickleValue* const> items, size_t depth) {
-  if (items.empty()) {
-    put(op::kEmptyTuple);
-    return;
-  }
   if (items.size() > 3) put(op::kMark);
   for (const PickleValue* item : items) save(*item, depth + 1);
-  switch (items.size()) {
-    case 1:
-      put(op::kTuple1);
-      break;
-    case 2:
-      put(op::kTuple2);
-      break;
-    case 3:
-      put(op::kTuple3);
-      break;
-    default:
-      put(op::kTuple);
-  }
+  put_tuple_end(items.size());
 }
 
 void Writer::save_int_tuple(std::span<const int64_t> values) {
   if (values.size() > 3) put(op::kMark);
   for (int64_t v : values) put_int(v);
-  switch (values.size()) {
-    case 0:
-      put(op::kEmptyTuple);
-      break;
-    case 1:
-      put(op::kTuple1);
-      break;
-    case 2:
-      put(op::kTuple2);
-      break;
-    case 3:
-      put(op::kTuple3);
-      break;
-    default:
-      put(op::kTuple);
-  }
+  put_tuple_end(values.size());
 }
 
 void Writer::save_storage(const StorageRef& storage) {
@@ -332,28 +311,15 @@ void Writer::save_fresh(const PickleValue& value, size_t depth) {
       put_str(value.as_string());
       return;
     case Kind::kBytes:
-      if (value.as_string().empty()) {
-        put_global("__builtin__", "bytes");
-        put(op::kEmptyTuple);
-      } else {
-        put_global("_codecs", "encode");
-        put_str(utf8_from_latin1(value.as_string()));
-        put_str("latin1");
-        put(op::kTuple2);
-      }
-      put(op::kReduce);
+      put_bytes(value.as_string());
       remember(value);
       return;
-    case Kind::kByteArray:
+    case Kind::kByteArray:  // bytearray(bytes)
       put_global("__builtin__", "bytearray");
       if (value.as_string().empty()) {
         put(op::kEmptyTuple);
       } else {
-        put_global("_codecs", "encode");
-        put_str(utf8_from_latin1(value.as_string()));
-        put_str("latin1");
-        put(op::kTuple2);
-        put(op::kReduce);
+        put_bytes(value.as_string());
         put(op::kTuple1);
       }
       put(op::kReduce);
