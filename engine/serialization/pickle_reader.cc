@@ -181,6 +181,41 @@ class Reader {
     return document_.tuple(std::move(items), opcode_offset_);
   }
 
+  // Recognised calls copy their arguments into new nodes (set(list), OrderedDict(pairs),
+  // torch.Size(tuple), tensor shapes, bytes), and the memo lets a few input bytes name a
+  // large argument again and again. Every copied element or byte is charged against a budget
+  // proportional to the input, so the tree stays within a constant factor of it.
+  void charge_copy_of(std::span<const PickleValue* const> args) {
+    uint64_t cost = 1;
+    for (const PickleValue* arg : args) {
+      switch (arg->kind()) {
+        case Kind::kString:
+        case Kind::kBytes:
+        case Kind::kByteArray:
+          cost += arg->as_string().size();
+          break;
+        case Kind::kList:
+        case Kind::kTuple:
+        case Kind::kSet:
+        case Kind::kFrozenSet:
+        case Kind::kTorchSize:
+          cost += arg->items().size();
+          break;
+        case Kind::kTensor:
+          cost += arg->tensor().shape.size();
+          break;
+        default:
+          break;
+      }
+    }
+    if (cost > copy_budget_) {
+      fail("the pickle expands to more than " + std::to_string(kCopyFactor) +
+           " times its size through memo references (" + std::to_string(data_.size()) +
+           " bytes of input)");
+    }
+    copy_budget_ -= cost;
+  }
+
   // ---- Calls of globals (recognised by name, never executed). ----
   PickleValue* call(PickleValue* callable, PickleValue* args, bool newobj, PickleValue* kwargs);
   PickleValue* rebuild_tensor(const PickleValue& args, bool v2);
@@ -200,6 +235,8 @@ class Reader {
   std::vector<PickleValue*> stack_;
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, PickleValue*> memo_;
+  static constexpr uint64_t kCopyFactor = 16;
+  uint64_t copy_budget_ = kCopyFactor * data_.size() + (uint64_t{1} << 16);
 };
 
 std::vector<int64_t> Reader::ints_of(const PickleValue& value, const char* what) {
@@ -286,7 +323,17 @@ PickleValue* Reader::call(PickleValue* callable, PickleValue* args, bool newobj,
   const std::string& name = callable->name();
   std::span<const PickleValue* const> a = args->items();
   const uint64_t at = opcode_offset_;
-  if (!newobj && kwargs == nullptr) {
+  const bool recognised = (module == "collections" && name == "OrderedDict") ||
+                          (is_builtins(module) && (name == "set" || name == "frozenset" ||
+                                                   name == "bytearray" || name == "bytes")) ||
+                          (module == "_codecs" && name == "encode") ||
+                          (module == "torch" && name == "Size") || module == "torch._utils";
+  if (recognised && !newobj && kwargs == nullptr) {
+    charge_copy_of(a);
+    // OrderedDict(pairs) and set(iterable) copy one level further down.
+    if (a.size() == 1 && (a[0]->is(Kind::kList) || a[0]->is(Kind::kTuple))) {
+      charge_copy_of(a[0]->items());
+    }
     if (module == "collections" && name == "OrderedDict") {
       if (a.empty()) return document_.dict(true, at);
       bool pairs = a.size() == 1 && (a[0]->is(Kind::kList) || a[0]->is(Kind::kTuple));

@@ -479,6 +479,20 @@ TEST(PickleMalformedTest, LyingLengthsAreRefusedBeforeAllocating) {
   expect_refused(bytes_of(tensor), "reaches element 4 of storage '0' with 4 elements");
 }
 
+TEST(PickleMalformedTest, MemoReferencesCannotMultiplyCopies) {
+  using namespace std::string_view_literals;
+  // A tuple of 4000 ints, then torch.Size(that tuple) made 100000 times from the memo: each
+  // call is 8 input bytes but copies 4000 elements.
+  std::string data = "\x80\x02(";
+  for (int i = 0; i < 4000; ++i) data.append("K\x07");
+  data.append("tq\x00"
+              "ctorch\nSize\nq\x01"
+              "0"sv);
+  for (int i = 0; i < 100000; ++i) data.append("h\x01h\x00\x85R0"sv);
+  data.append("N.");
+  expect_refused(bytes_of(data), "expands to more than 16 times its size");
+}
+
 TEST(PickleMalformedTest, StackMemoAndTypeErrorsNameTheOpcode) {
   expect_refused(bytes_of("\x80\x02h\x05."), "BINGET (0x68): memo entry 5 was never stored");
   expect_refused(bytes_of("\x80\x02j\x00\x00\x01\x00."), "LONG_BINGET");
