@@ -15,7 +15,9 @@
 // memo reference, wrong argument types, a tensor view outside its storage, nesting deeper than
 // max_depth, cycles) throws SerializationError naming `source`, the byte offset of the opcode
 // and the opcode. Memory stays proportional to the input: every node costs at least one input
-// byte, and lengths are checked against the bytes left before anything is allocated.
+// byte, lengths are checked against the bytes left before anything is allocated, and the
+// copies recognised calls make of memoized arguments (set(list), torch.Size(tuple), ...) are
+// capped at 16 times the input size.
 //
 // Thread safety: read_pickle is reentrant; calls on different data may run concurrently.
 #pragma once

@@ -138,5 +138,36 @@ TEST_F(TorchArchiveTest, WriterRefusesMissingOrShortStorages) {
   EXPECT_FALSE(std::ifstream(path("short.pt")).good());  // nothing renamed into place
 }
 
+TEST_F(TorchArchiveTest, ReaderRefusesMissingPickleAndShortStorages) {
+  {
+    ZipWriter zip(path("no_pickle.pt"));
+    const std::vector<uint8_t> version = {'3', '\n'};
+    zip.add_record("archive/version", version);
+    zip.finish();
+  }
+  EXPECT_THROW((void)TorchArchive::open(path("no_pickle.pt")), SerializationError);
+
+  const TorchArchive source = TorchArchive::open(path("weights_only.pt"));
+  std::vector<const TensorRef*> tensors;
+  tensors_of(source.root(), tensors);
+  {
+    // data.pkl as torch wrote it, but the first storage's record one byte short.
+    ZipWriter zip(path("short_record.pt"));
+    zip.add_record("archive/data.pkl", write_pickle(source.root()));
+    const std::span<const uint8_t> bytes = source.storage_bytes(tensors[0]->storage);
+    zip.add_record("archive/data/" + tensors[0]->storage.key, bytes.first(bytes.size() - 1));
+    zip.finish();
+  }
+  const TorchArchive archive = TorchArchive::open(path("short_record.pt"));
+  try {
+    (void)archive.storage_bytes(tensors[0]->storage);
+    ADD_FAILURE() << "a short storage record was accepted";
+  } catch (const SerializationError& e) {
+    EXPECT_NE(std::string(e.what()).find("bytes; its"), std::string::npos) << e.what();
+  }
+  // A storage with no record at all.
+  EXPECT_THROW((void)archive.storage_bytes(tensors.back()->storage), SerializationError);
+}
+
 }  // namespace
 }  // namespace zinf::serialization
