@@ -485,9 +485,10 @@ TEST(PickleMalformedTest, MemoReferencesCannotMultiplyCopies) {
   // call is 8 input bytes but copies 4000 elements.
   std::string data = "\x80\x02(";
   for (int i = 0; i < 4000; ++i) data.append("K\x07");
-  data.append("tq\x00"
-              "ctorch\nSize\nq\x01"
-              "0"sv);
+  data.append(
+      "tq\x00"
+      "ctorch\nSize\nq\x01"
+      "0"sv);
   for (int i = 0; i < 100000; ++i) data.append("h\x01h\x00\x85R0"sv);
   data.append("N.");
   expect_refused(bytes_of(data), "expands to more than 16 times its size");
