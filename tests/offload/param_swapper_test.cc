@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -219,6 +220,30 @@ TEST(ParamSwapper, RequestsThePoolCanNeverMeetFailAtOnce) {
   EXPECT_EQ(gather(swapper.swap_in(id_b)), b);
 }
 
+// What every fault test builds: a ParamSwapper (max_in_cpu 0: every partition on NVMe) over
+// an NvmeStore whose backend injects `faults`. Adjust the two configs, then start().
+struct FaultRig {
+  explicit FaultRig(std::optional<aio::BackendKind> backend, bool checksums = true)
+      : store_config(offload::store_config(dir.path(), checksums)) {
+    if (backend) {
+      store_config.aio.backend = *backend;
+    }
+    store_config.backend_factory = aio::fault_backend_factory(faults);
+    swapper_config.max_in_cpu = 0;
+  }
+  void start() {
+    store.emplace(store_config);
+    swapper.emplace(swapper_config, *store);
+  }
+
+  TempDir dir;
+  std::shared_ptr<aio::FaultInjector> faults = std::make_shared<aio::FaultInjector>();
+  NvmeStoreConfig store_config;
+  ParamSwapperConfig swapper_config = small_config();
+  std::optional<NvmeStore> store;
+  std::optional<ParamSwapper> swapper;
+};
+
 // Fault paths, on every aio backend (io_uring and libaio go O_DIRECT with bounce and
 // staging memory; psync does plain pread/pwrite): the faults are injected through a
 // FaultBackend wrapped around the backend under test.
@@ -228,15 +253,10 @@ TEST_P(ParamSwapperFaults, ReadFaultIsReportedAndTheNextSwapInRetries) {
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
-  TempDir dir;
-  auto faults = std::make_shared<aio::FaultInjector>();
-  NvmeStoreConfig sc = store_config(dir.path());
-  sc.aio.backend = GetParam();
-  sc.backend_factory = aio::fault_backend_factory(faults);
-  NvmeStore store(sc);
-  ParamSwapperConfig config = small_config();
-  config.max_in_cpu = 0;
-  ParamSwapper swapper(config, store);
+  FaultRig rig(GetParam());
+  rig.start();
+  ParamSwapper& swapper = *rig.swapper;
+  aio::FaultInjector* faults = rig.faults.get();
   const std::vector<uint16_t> v = random_half(rng, 1800);
   const std::vector<uint16_t> w = random_half(rng, 600);
   const ParamId id = swapper.add(v.size(), v.data());
@@ -270,16 +290,12 @@ TEST_P(ParamSwapperFaults, EngineFailureDoesNotPoisonLaterTransfers) {
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
-  TempDir dir;
-  auto faults = std::make_shared<aio::FaultInjector>();
-  NvmeStoreConfig sc = store_config(dir.path());
-  sc.aio.intra_op_parallelism = 1;
-  sc.aio.backend = GetParam();
-  sc.backend_factory = aio::fault_backend_factory(faults);
-  NvmeStore store(sc);
-  ParamSwapperConfig config = small_config();
-  config.max_in_cpu = 0;
-  ParamSwapper swapper(config, store);
+  FaultRig rig(GetParam());
+  rig.store_config.aio.intra_op_parallelism = 1;
+  rig.start();
+  NvmeStore& store = *rig.store;
+  ParamSwapper& swapper = *rig.swapper;
+  aio::FaultInjector* faults = rig.faults.get();
   const std::vector<uint16_t> a = random_half(rng, 1700);  // 2 chunks
   const std::vector<uint16_t> b = random_half(rng, 900);
   const ParamId id_a = swapper.add(a.size(), a.data());
@@ -320,15 +336,10 @@ TEST_P(ParamSwapperFaults, FailedWriteBackLeavesTheStoredPartitionUnreadableNotS
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
-  TempDir dir;
-  auto faults = std::make_shared<aio::FaultInjector>();
-  NvmeStoreConfig sc = store_config(dir.path(), /*checksums=*/false);
-  sc.aio.backend = GetParam();
-  sc.backend_factory = aio::fault_backend_factory(faults);
-  NvmeStore store(sc);
-  ParamSwapperConfig config = small_config();
-  config.max_in_cpu = 0;
-  ParamSwapper swapper(config, store);
+  FaultRig rig(GetParam(), /*checksums=*/false);
+  rig.start();
+  ParamSwapper& swapper = *rig.swapper;
+  aio::FaultInjector* faults = rig.faults.get();
   const std::vector<uint16_t> v = random_half(rng, 900);
   const ParamId id = swapper.add(v.size(), v.data());
   faults->add(aio::FaultRule{.op = aio::Op::kWrite, .kind = aio::FaultKind::kError, .error = EIO});
@@ -352,15 +363,10 @@ TEST_P(ParamSwapperFaults, FailedWriteBackOfAResidentPartitionLeavesNoHalfUpdate
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
-  TempDir dir;
-  auto faults = std::make_shared<aio::FaultInjector>();
-  NvmeStoreConfig sc = store_config(dir.path());
-  sc.aio.backend = GetParam();
-  sc.backend_factory = aio::fault_backend_factory(faults);
-  NvmeStore store(sc);
-  ParamSwapperConfig config = small_config();
-  config.max_in_cpu = 0;
-  ParamSwapper swapper(config, store);
+  FaultRig rig(GetParam());
+  rig.start();
+  ParamSwapper& swapper = *rig.swapper;
+  aio::FaultInjector* faults = rig.faults.get();
   const std::vector<uint16_t> old_values = random_half(rng, 2500);  // 3 chunks
   const std::vector<uint16_t> new_values = random_half(rng, 2500);
   const ParamId id = swapper.add(old_values.size(), old_values.data());
@@ -404,15 +410,10 @@ TEST_P(ParamSwapperFaults, FailedRangeWriteBackAcrossChunksLeavesNoMix) {
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
-  TempDir dir;
-  auto faults = std::make_shared<aio::FaultInjector>();
-  NvmeStoreConfig sc = store_config(dir.path(), /*checksums=*/true);
-  sc.aio.backend = GetParam();
-  sc.backend_factory = aio::fault_backend_factory(faults);
-  NvmeStore store(sc);
-  ParamSwapperConfig config = small_config();
-  config.max_in_cpu = 0;
-  ParamSwapper swapper(config, store);
+  FaultRig rig(GetParam(), /*checksums=*/true);
+  rig.start();
+  ParamSwapper& swapper = *rig.swapper;
+  aio::FaultInjector* faults = rig.faults.get();
   const std::vector<uint16_t> old_values = random_half(rng, 2500);
   const ParamId id = swapper.add(old_values.size(), old_values.data());
   const std::vector<uint16_t> patch = random_half(rng, 1000);
@@ -444,15 +445,11 @@ TEST_P(ParamSwapperFaults, FailedRangeWriteBackAcrossChunksLeavesNoMix) {
 }
 
 TEST_P(ParamSwapperFaults, FailedAddLeavesNoExtentBehind) {
-  TempDir dir;
-  auto faults = std::make_shared<aio::FaultInjector>();
-  NvmeStoreConfig sc = store_config(dir.path());
-  sc.aio.backend = GetParam();
-  sc.backend_factory = aio::fault_backend_factory(faults);
-  NvmeStore store(sc);
-  ParamSwapperConfig config = small_config();
-  config.max_in_cpu = 0;
-  ParamSwapper swapper(config, store);
+  FaultRig rig(GetParam());
+  rig.start();
+  NvmeStore& store = *rig.store;
+  ParamSwapper& swapper = *rig.swapper;
+  aio::FaultInjector* faults = rig.faults.get();
   faults->add(aio::FaultRule{.op = aio::Op::kWrite, .kind = aio::FaultKind::kError, .error = EIO});
   const std::vector<uint16_t> v(2500, 7);  // 3 chunks
   EXPECT_THROW((void)swapper.add(v.size(), v.data()), OffloadError);
@@ -469,17 +466,14 @@ TEST_P(ParamSwapperFaults, ShortWriteThenErrorIsReportedAndNeverRead) {
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
-  TempDir dir;
-  auto faults = std::make_shared<aio::FaultInjector>();
-  NvmeStoreConfig sc = store_config(dir.path());
-  sc.aio.intra_op_parallelism = 1;  // one request per aligned run: the short one is predictable
-  sc.aio.backend = GetParam();
-  sc.backend_factory = aio::fault_backend_factory(faults);
-  NvmeStore store(sc);
-  ParamSwapperConfig config = small_config();
-  config.buffer_size = 6000;  // 12000-byte chunks in 12288-byte extents
-  config.max_in_cpu = 0;
-  ParamSwapper swapper(config, store);
+  FaultRig rig(GetParam());
+  rig.store_config.aio.intra_op_parallelism =
+      1;  // one request per aligned run: the short one is predictable
+  rig.swapper_config.buffer_size = 6000;  // 12000-byte chunks in 12288-byte extents
+  rig.start();
+  NvmeStore& store = *rig.store;
+  ParamSwapper& swapper = *rig.swapper;
+  aio::FaultInjector* faults = rig.faults.get();
   // A write of the chunk at `extent` is cut to 4096 bytes; its remainder (at extent + 4096)
   // then fails with EIO.
   auto short_then_error = [&](uint64_t extent) {
@@ -539,14 +533,11 @@ TEST(ParamSwapper, SwapInWaitsOnlyForItsOwnPartition) {
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
-  TempDir dir;
-  auto faults = std::make_shared<aio::FaultInjector>();
-  NvmeStoreConfig sc = store_config(dir.path());
-  sc.backend_factory = aio::fault_backend_factory(faults);
-  NvmeStore store(sc);
-  ParamSwapperConfig config = small_config();
-  config.max_in_cpu = 0;
-  ParamSwapper swapper(config, store);
+  FaultRig rig(std::nullopt);
+  rig.start();
+  NvmeStore& store = *rig.store;
+  ParamSwapper& swapper = *rig.swapper;
+  aio::FaultInjector* faults = rig.faults.get();
   const std::vector<uint16_t> fast = random_half(rng, 1700);  // 2 chunks
   const std::vector<uint16_t> slow = random_half(rng, 900);   // 1 chunk: one delayed request
   const ParamId fast_id = swapper.add(fast.size(), fast.data());
