@@ -419,6 +419,46 @@ TEST(OptimizerSwapper, OutOfSpaceConstructionGivesItsExtentsBack) {
   EXPECT_NO_THROW((void)swapper.step(options_for(1)));
 }
 
+// What every fault test builds: an OptimizerSwapper in pipelining `mode` over an NvmeStore
+// on `backend` whose backend injects `faults`, holding the problem's params and first grads.
+// `intra_op_parallelism` 0 keeps store_config's.
+struct FaultRig {
+  FaultRig(const Problem& problem, int mode, aio::BackendKind backend, bool checksums,
+           int intra_op_parallelism = 0)
+      : store(rig_store_config(dir.path(), checksums, backend, intra_op_parallelism, faults)),
+        adam(adam_config()),
+        swapper(rig_swapper_config(mode), adam, &store) {
+    swapper.initialize(problem.params.data());
+    swapper.write_grads(0, problem.grads[0].data(), kNumel);
+  }
+
+  static NvmeStoreConfig rig_store_config(const std::string& dir, bool checksums,
+                                          aio::BackendKind backend, int intra_op_parallelism,
+                                          const std::shared_ptr<aio::FaultInjector>& faults) {
+    NvmeStoreConfig config = store_config(dir, checksums);
+    if (intra_op_parallelism > 0) {
+      config.aio.intra_op_parallelism = intra_op_parallelism;
+    }
+    config.aio.backend = backend;
+    config.backend_factory = aio::fault_backend_factory(faults);
+    return config;
+  }
+  static OptimizerSwapperConfig rig_swapper_config(int mode) {
+    OptimizerSwapperConfig config;
+    config.numel = kNumel;
+    config.sub_group_size = kSubGroup;
+    config.pipeline_read = (mode & 1) != 0;
+    config.pipeline_write = (mode & 2) != 0;
+    return config;
+  }
+
+  TempDir dir;
+  std::shared_ptr<aio::FaultInjector> faults = std::make_shared<aio::FaultInjector>();
+  NvmeStore store;
+  AdamOptimizer adam;
+  OptimizerSwapper swapper;
+};
+
 // Fault paths, in every pipelining mode (0-3: pipeline_read | pipeline_write << 1) and on
 // every aio backend, the faults injected through a FaultBackend wrapped around it.
 class OptimizerSwapperFaults : public ::testing::TestWithParam<std::tuple<int, aio::BackendKind>> {
@@ -429,21 +469,9 @@ TEST_P(OptimizerSwapperFaults, ReadFaultMidStepIsReportedNotApplied) {
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   const Problem problem(seed);
-  TempDir dir;
-  auto faults = std::make_shared<aio::FaultInjector>();
-  NvmeStoreConfig sc = store_config(dir.path(), false);
-  sc.aio.backend = std::get<1>(GetParam());
-  sc.backend_factory = aio::fault_backend_factory(faults);
-  NvmeStore store(sc);
-  AdamOptimizer adam(adam_config());
-  OptimizerSwapperConfig config;
-  config.numel = kNumel;
-  config.sub_group_size = kSubGroup;
-  config.pipeline_read = (mode & 1) != 0;
-  config.pipeline_write = (mode & 2) != 0;
-  OptimizerSwapper swapper(config, adam, &store);
-  swapper.initialize(problem.params.data());
-  swapper.write_grads(0, problem.grads[0].data(), kNumel);
+  FaultRig rig(problem, mode, std::get<1>(GetParam()), /*checksums=*/false);
+  OptimizerSwapper& swapper = rig.swapper;
+  aio::FaultInjector* faults = rig.faults.get();
   // Fail a read of the third sub-group's states. The swapper allocates its extents sub-group
   // by sub-group, 4 arrays each of 3000 x 4 bytes (12288 in the file).
   constexpr uint64_t kGroupFileBytes = 4 * 12288;
@@ -509,22 +537,11 @@ TEST_P(OptimizerSwapperFaults, EngineFailureDoesNotPoisonLaterSteps) {
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   const Problem problem(seed);
-  TempDir dir;
-  auto faults = std::make_shared<aio::FaultInjector>();
-  NvmeStoreConfig sc = store_config(dir.path(), true);
-  sc.aio.intra_op_parallelism = 1;
-  sc.aio.backend = std::get<1>(GetParam());
-  sc.backend_factory = aio::fault_backend_factory(faults);
-  NvmeStore store(sc);
-  AdamOptimizer adam(adam_config());
-  OptimizerSwapperConfig config;
-  config.numel = kNumel;
-  config.sub_group_size = kSubGroup;
-  config.pipeline_read = (mode & 1) != 0;
-  config.pipeline_write = (mode & 2) != 0;
-  OptimizerSwapper swapper(config, adam, &store);
-  swapper.initialize(problem.params.data());
-  swapper.write_grads(0, problem.grads[0].data(), kNumel);
+  FaultRig rig(problem, mode, std::get<1>(GetParam()), /*checksums=*/true,
+               /*intra_op_parallelism=*/1);
+  NvmeStore& store = rig.store;
+  OptimizerSwapper& swapper = rig.swapper;
+  aio::FaultInjector* faults = rig.faults.get();
   // Break the engine on a read of the second sub-group's states (4 arrays of 12288 bytes
   // in the file per sub-group, allocated in order).
   constexpr uint64_t kGroupFileBytes = 4 * 12288;
@@ -563,22 +580,12 @@ TEST_P(OptimizerSwapperFaults, ShortWriteThenErrorMidStepIsReportedNotApplied) {
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   const Problem problem(seed);
-  TempDir dir;
-  auto faults = std::make_shared<aio::FaultInjector>();
-  NvmeStoreConfig sc = store_config(dir.path(), true);
-  sc.aio.intra_op_parallelism = 1;  // one request per aligned run: the short one is predictable
-  sc.aio.backend = std::get<1>(GetParam());
-  sc.backend_factory = aio::fault_backend_factory(faults);
-  NvmeStore store(sc);
-  AdamOptimizer adam(adam_config());
-  OptimizerSwapperConfig config;
-  config.numel = kNumel;
-  config.sub_group_size = kSubGroup;
-  config.pipeline_read = (mode & 1) != 0;
-  config.pipeline_write = (mode & 2) != 0;
-  OptimizerSwapper swapper(config, adam, &store);
-  swapper.initialize(problem.params.data());
-  swapper.write_grads(0, problem.grads[0].data(), kNumel);
+  // intra_op_parallelism 1: one request per aligned run, so the short one is predictable.
+  FaultRig rig(problem, mode, std::get<1>(GetParam()), /*checksums=*/true,
+               /*intra_op_parallelism=*/1);
+  NvmeStore& store = rig.store;
+  OptimizerSwapper& swapper = rig.swapper;
+  aio::FaultInjector* faults = rig.faults.get();
   // The step's write of sub-group 1's params (12000 bytes at 4 x 12288) comes back short
   // (4096 bytes), and the write of its remainder fails with ENOSPC.
   constexpr uint64_t kParams1 = 4 * 12288;
