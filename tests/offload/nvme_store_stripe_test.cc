@@ -61,22 +61,9 @@ TEST_P(NvmeStoreStripe, OddSizesRoundTripAndEveryFolderHoldsItsShare) {
     EXPECT_EQ(store.path(), files[0]);
     const std::vector<uint64_t> sizes = {1,           4095,          kStripe - 1, kStripe + 1,
                                          3 * kStripe, (1 << 20) + 7, 300001};
-    std::vector<ExtentId> ids;
-    std::vector<std::vector<uint8_t>> data;
-    for (uint64_t size : sizes) {
-      ids.push_back(store.allocate(size));
-      data.push_back(random_bytes(rng, size));
-    }
-    auto queue = store.make_queue();
-    for (size_t i = 0; i < ids.size(); ++i) {
-      queue->async_write(ids[i], data[i].data());
-    }
-    queue->wait();
-    for (size_t i = 0; i < ids.size(); ++i) {
-      std::vector<uint8_t> back(sizes[i], 0);
-      store.read(ids[i], back.data());
-      EXPECT_EQ(back, data[i]) << "extent " << i << " of " << sizes[i] << " bytes";
-    }
+    testing::WrittenExtents written = testing::write_and_check_extents(store, rng, sizes);
+    const std::vector<ExtentId>& ids = written.ids;
+    std::vector<std::vector<uint8_t>>& data = written.data;
     // Each file holds its stripes of the allocated span, and together exactly the span.
     const NvmeStoreStats stats = store.stats();
     const uint64_t size_a = std::filesystem::file_size(files[0]);

@@ -69,22 +69,11 @@ TEST_P(NvmeStoreRoundTrip, OddSizesComeBackIdentical) {
   TempDir dir(on_tmpfs ? "/dev/shm" : "");
   NvmeStore store(store_config(dir.path(), checksums));
   const std::vector<uint64_t> sizes = {1, 4095, 4096, 4097, 65536 + 123, 1 << 20, 3 * 4096};
-  std::vector<ExtentId> ids;
-  std::vector<std::vector<uint8_t>> data;
-  for (uint64_t size : sizes) {
-    ids.push_back(store.allocate(size));
-    data.push_back(random_bytes(rng, size));
-  }
-  auto queue = store.make_queue();
-  for (size_t i = 0; i < ids.size(); ++i) {
-    queue->async_write(ids[i], data[i].data());
-  }
-  queue->wait();
-  for (size_t i = 0; i < ids.size(); ++i) {
-    std::vector<uint8_t> back(sizes[i], 0);
-    store.read(ids[i], back.data());
-    EXPECT_EQ(back, data[i]) << "extent " << i << " of " << sizes[i] << " bytes";
-    EXPECT_EQ(store.extent(ids[i]).file_offset % 4096, 0u);
+  testing::WrittenExtents written = testing::write_and_check_extents(store, rng, sizes);
+  const std::vector<ExtentId>& ids = written.ids;
+  std::vector<std::vector<uint8_t>>& data = written.data;
+  for (ExtentId id : ids) {
+    EXPECT_EQ(store.extent(id).file_offset % 4096, 0u);
   }
   const NvmeStoreStats stats = store.stats();
   if (!on_tmpfs) {

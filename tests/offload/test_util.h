@@ -122,6 +122,32 @@ inline ::testing::AssertionResult holds_no_extent(NvmeStore& store, uint64_t* pr
   return ::testing::AssertionSuccess() << probe << " extents allocated, none held";
 }
 
+// Extents of `sizes` bytes allocated in `store`, written with random bytes through one
+// queue, each read back whole and expected equal: what the store tests start from.
+struct WrittenExtents {
+  std::vector<ExtentId> ids;
+  std::vector<std::vector<uint8_t>> data;  // what each extent holds
+};
+inline WrittenExtents write_and_check_extents(NvmeStore& store, std::mt19937& rng,
+                                              const std::vector<uint64_t>& sizes) {
+  WrittenExtents out;
+  for (uint64_t size : sizes) {
+    out.ids.push_back(store.allocate(size));
+    out.data.push_back(random_bytes(rng, size));
+  }
+  auto queue = store.make_queue();
+  for (size_t i = 0; i < out.ids.size(); ++i) {
+    queue->async_write(out.ids[i], out.data[i].data());
+  }
+  queue->wait();
+  for (size_t i = 0; i < out.ids.size(); ++i) {
+    std::vector<uint8_t> back(sizes[i], 0);
+    store.read(out.ids[i], back.data());
+    EXPECT_EQ(back, out.data[i]) << "extent " << i << " of " << sizes[i] << " bytes";
+  }
+  return out;
+}
+
 // Runs `threads` threads, each with its own queue of `store`, writing `extents` extents of
 // 1 .. max_bytes random bytes, reading them back and freeing them; returns how many extents
 // came back different, per thread.
