@@ -202,8 +202,8 @@ std::unique_ptr<TokenSource> default_corpus(std::string* note, const std::string
   if (!files.empty()) {
     std::string text;
     for (const fs::path& path : files) {
-      const detail::MappedFile file = detail::MappedFile::open(path.string());
-      text.append(reinterpret_cast<const char*>(file.data()), file.size_bytes());
+      const serialization::MappedFile file = detail::map_file(path.string());
+      text.append(reinterpret_cast<const char*>(file.data()), file.size());
       if (text.back() != '\n') {
         text.push_back('\n');
       }

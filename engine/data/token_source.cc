@@ -31,9 +31,9 @@ void widen_bytes(const uint8_t* bytes, uint64_t count, int64_t* out) {
 
 class MappedByteText final : public TokenSource {
  public:
-  explicit MappedByteText(detail::MappedFile file) : file_(std::move(file)) {}
+  explicit MappedByteText(serialization::MappedFile file) : file_(std::move(file)) {}
 
-  uint64_t size() const noexcept override { return file_.size_bytes(); }
+  uint64_t size() const noexcept override { return file_.size(); }
   uint32_t vocab_size() const noexcept override { return 256; }
   void read(uint64_t offset, uint64_t count, int64_t* out) const override {
     check_range(*this, offset, count);
@@ -44,7 +44,7 @@ class MappedByteText final : public TokenSource {
   }
 
  private:
-  detail::MappedFile file_;
+  serialization::MappedFile file_;
 };
 
 class MemoryByteText final : public TokenSource {
@@ -76,10 +76,10 @@ inline uint32_t load_le(const uint8_t* p, int width) noexcept {
 
 class MappedTokenFile final : public TokenSource {
  public:
-  MappedTokenFile(detail::MappedFile file, int width, uint32_t vocab_size)
+  MappedTokenFile(serialization::MappedFile file, int width, uint32_t vocab_size)
       : file_(std::move(file)), width_(width), vocab_size_(vocab_size) {}
 
-  uint64_t size() const noexcept override { return file_.size_bytes() / width_; }
+  uint64_t size() const noexcept override { return file_.size() / width_; }
   uint32_t vocab_size() const noexcept override { return vocab_size_; }
   void read(uint64_t offset, uint64_t count, int64_t* out) const override {
     check_range(*this, offset, count);
@@ -94,7 +94,7 @@ class MappedTokenFile final : public TokenSource {
   }
 
  private:
-  detail::MappedFile file_;
+  serialization::MappedFile file_;
   const int width_;
   const uint32_t vocab_size_;
 };
@@ -106,7 +106,7 @@ bool ends_with(std::string_view text, std::string_view suffix) {
 }  // namespace
 
 std::unique_ptr<TokenSource> open_byte_text(const std::string& path) {
-  return std::make_unique<MappedByteText>(detail::MappedFile::open(path));
+  return std::make_unique<MappedByteText>(detail::map_file(path));
 }
 
 std::unique_ptr<TokenSource> open_token_file(const std::string& path, int width,
@@ -115,8 +115,8 @@ std::unique_ptr<TokenSource> open_token_file(const std::string& path, int width,
     throw DataError(path + ": token width " + std::to_string(width) +
                     " is not supported (2 for uint16, 4 for uint32)");
   }
-  detail::MappedFile file = detail::MappedFile::open(path);
-  const uint64_t size_bytes = file.size_bytes();
+  serialization::MappedFile file = detail::map_file(path);
+  const uint64_t size_bytes = file.size();
   if (size_bytes % static_cast<uint64_t>(width) != 0) {
     throw DataError(path + ": size " + std::to_string(size_bytes) +
                     " bytes is not a multiple of the token width " + std::to_string(width) +
