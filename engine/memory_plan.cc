@@ -49,7 +49,8 @@ MemoryPlan plan_memory(const PlanInputs& in) {
 
   uint64_t largest_padded = 0, total_padded = 0, largest_numel = 0;
   uint64_t managed_persistent = 0, managed_other = 0, persistent_budget = 0;
-  uint64_t cpu_left = z.param_max_in_cpu;  // ParamSwapper's max_in_cpu, in add() order
+  uint64_t largest_other = 0, count_other = 0;  // managed non-persistent parameters
+  uint64_t cpu_left = z.param_max_in_cpu;       // ParamSwapper's max_in_cpu, in add() order
   for (const PlanParam& p : in.params) {
     largest_numel = std::max(largest_numel, p.numel);
     if (!p.trainable) {
@@ -74,6 +75,8 @@ MemoryPlan plan_memory(const PlanInputs& in) {
       managed_persistent += p.numel;
     } else {
       managed_other += p.numel;
+      largest_other = std::max(largest_other, p.numel);
+      ++count_other;
     }
     switch (z.offload_param) {
       case OffloadTarget::kNone:
@@ -96,17 +99,30 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   }
 
   // Stage 3 gathered parameters: at most the live limit of non-persistent ones, plus the
-  // persistent ones; with several ranks also the device copies of slices in flight (the
-  // coordinator copies up to 2 x stage3_prefetch_bucket_size elements ahead).
+  // persistent ones. With offloaded params also the device copies the coordinator starts
+  // ahead of use (zero/param_coordinator.cc): every non-persistent parameter that begins
+  // less than 2 x stage3_prefetch_bucket_size elements ahead, so up to that window plus one
+  // parameter, not yet counted as live. One rank: a copy is the full parameter. Several
+  // ranks: a copy is a slice (ceil(numel / world) elements, hence + one element per
+  // parameter), and a slice stays until its all-gather completes, so besides the window's
+  // slices the live parameters' slices can all be there at once (a block's all-gathers are
+  // started together, zero/param_store.cc). Without offload the slices are resident
+  // (device_slices) and only the full parameters come and go.
   if (managed_persistent + managed_other > 0) {
     const uint64_t live = std::min(z.max_live_parameters, managed_other) + managed_persistent;
+    const bool offloaded = z.offload_param != OffloadTarget::kNone;
+    const uint64_t window =
+        offloaded && z.prefetch_bucket_size > 0
+            ? std::min(managed_other, 2 * z.prefetch_bucket_size - 1 + largest_other)
+            : 0;
     if (world == 1) {
-      plan.device_gathered = z.offload_param == OffloadTarget::kNone ? 0 : live * elem;
+      // Never more than every managed parameter at once.
+      const uint64_t all = managed_other + managed_persistent;
+      plan.device_gathered = offloaded ? std::min(live + window, all) * elem : 0;
     } else {
-      plan.device_gathered = live * elem;
-      if (z.offload_param != OffloadTarget::kNone) {
-        plan.device_gathered += std::min(2 * z.prefetch_bucket_size, managed_other) / world * elem;
-      }
+      const uint64_t in_flight = offloaded ? live + window : 0;
+      plan.device_gathered =
+          (live + (in_flight + world - 1) / world + std::min(count_other, in_flight)) * elem;
     }
     if (z.offload_param == OffloadTarget::kNvme) {
       plan.pinned += z.param_buffer_count * round_page(z.param_buffer_size * elem);

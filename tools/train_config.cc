@@ -99,7 +99,7 @@ nlohmann::json load_config_json(const std::string& path) {
 nlohmann::json bare_config(const engine::LlamaConfig& model, int64_t steps, int world_size) {
   uint64_t largest = 0, layer_numel = 0;
   for (const auto& p : engine::llama_parameter_shapes(model)) {
-    largest = std::max(largest, static_cast<uint64_t>(p.numel));
+    if (p.in_block) largest = std::max(largest, static_cast<uint64_t>(p.numel));  // swapped
     if (p.name.rfind("model.layers.0.", 0) == 0) layer_numel += static_cast<uint64_t>(p.numel);
   }
   const uint64_t states = static_cast<uint64_t>(model.parameter_count()) * kStateBytesPerParam;
@@ -114,10 +114,10 @@ nlohmann::json bare_config(const engine::LlamaConfig& model, int64_t steps, int 
   return root;
 }
 
-std::vector<uint64_t> llama_param_numels(const engine::LlamaConfig& model) {
+std::vector<uint64_t> llama_swapped_param_numels(const engine::LlamaConfig& model) {
   std::vector<uint64_t> numels;
   for (const auto& p : engine::llama_parameter_shapes(model)) {
-    numels.push_back(static_cast<uint64_t>(p.numel));
+    if (p.in_block) numels.push_back(static_cast<uint64_t>(p.numel));
   }
   return numels;
 }
@@ -137,7 +137,7 @@ RunConfig resolve_run_config(nlohmann::json root, const std::string& source,
   ctx.world_size = overrides.world_size;
   ctx.total_steps = overrides.steps;
   ctx.hidden_size = model.hidden_size;
-  ctx.param_numels = llama_param_numels(model);
+  ctx.param_numels = llama_swapped_param_numels(model);
   ctx.cuda_available = offload::cuda_device_count() > 0;
   ctx.check_paths = overrides.check_paths;
   apply_batch_overrides(c, overrides, ctx, lines);

@@ -54,16 +54,17 @@ struct ConfigOverrides {
 inline constexpr uint64_t kStateBytesPerParam = 16;
 
 // The bare run's config for `model` (default_train_config): the CPU accelerator's budget 1/4
-// of the model states, swap buffers of the largest parameter (resolve_auto checks every
-// parameter against them), one decoder layer gathered at a time; `steps` sizes the warm-up.
-// A global batch of 16 samples: 2 per micro-batch x 8 on one rank, 1 x 16 / world_size on
-// several.
+// of the model states, swap buffers of the largest swapped parameter (resolve_auto checks
+// every layer parameter against them; the embedding and head stay resident), one decoder
+// layer gathered at a time; `steps` sizes the warm-up. A global batch of 16 samples: 2 per
+// micro-batch x 8 on one rank, 1 x 16 / world_size on several.
 [[nodiscard]] nlohmann::json bare_config(const engine::LlamaConfig& model, int64_t steps,
                                          int world_size);
 
-// The parameter element counts of `model` in registration order (for resolve_auto's swap
-// buffer check and the memory plan).
-[[nodiscard]] std::vector<uint64_t> llama_param_numels(const engine::LlamaConfig& model);
+// The element counts of the parameters zero swaps at stage 3 (the decoder layers', inside
+// ZeroBlocks), in registration order, for resolve_auto's swap-buffer check. The embedding,
+// the final norm and an untied lm_head are used outside every block and stay resident.
+[[nodiscard]] std::vector<uint64_t> llama_swapped_param_numels(const engine::LlamaConfig& model);
 
 // The element type the parameters are kept in under `precision`.
 [[nodiscard]] at::ScalarType parameter_dtype(zero::Precision precision);

@@ -22,8 +22,11 @@ double warmup_gamma(const SchedulerConfig& s, int64_t i) {
   return static_cast<double>(i) / w;
 }
 
-double warmup_decay_lr(const SchedulerConfig& s, int64_t i, bool decay) {
+// WarmupLR (decay false) peaks at warmup_max_lr, else the optimizer's lr; WarmupDecayLR at
+// warmup_max_lr, else 0.001 (the defaults of the two DeepSpeed classes differ).
+double warmup_decay_lr(const SchedulerConfig& s, double base_lr, int64_t i, bool decay) {
   if (i < 0) return s.warmup_min_lr;
+  const double max_lr = s.warmup_max_lr.value_or(decay ? 0.001 : base_lr);
   const int64_t w = warmup_steps(s);
   double gamma = 1.0;
   if (i < w) {
@@ -32,16 +35,18 @@ double warmup_decay_lr(const SchedulerConfig& s, int64_t i, bool decay) {
     gamma = std::max(0.0, static_cast<double>(s.total_num_steps - i) /
                               std::max(1.0, static_cast<double>(s.total_num_steps - w)));
   }
-  return s.warmup_min_lr + (s.warmup_max_lr - s.warmup_min_lr) * gamma;
+  return s.warmup_min_lr + (max_lr - s.warmup_min_lr) * gamma;
 }
 
 double warmup_cosine_ratio(const SchedulerConfig& s, int64_t i) {
   if (i < 0) return 0.0;
   const int64_t w = warmup_steps(s);
   if (i < w) return s.warmup_min_ratio + (1.0 - s.warmup_min_ratio) * warmup_gamma(s, i);
+  // The progress is clamped at 1: from total_num_steps on (and throughout when total <= W)
+  // the ratio stays at cos_min_ratio.
   const auto done = static_cast<double>(i - w + 1);
-  const auto span = static_cast<double>(s.total_num_steps - w);
-  const double cosine = (1.0 + std::cos(std::numbers::pi * done / span)) / 2.0;
+  const double span = std::max<double>(1.0, static_cast<double>(s.total_num_steps - w));
+  const double cosine = (1.0 + std::cos(std::numbers::pi * std::min(1.0, done / span))) / 2.0;
   return std::max(0.0, s.cos_min_ratio + (1.0 - s.cos_min_ratio) * cosine);
 }
 
@@ -49,25 +54,37 @@ double warmup_cosine_ratio(const SchedulerConfig& s, int64_t i) {
 struct Cycle {
   double total = 0.0;
   double rise = 0.0;
+  double first = 0.0;  // cycle_first_step_size
 };
 Cycle cycle_of(const SchedulerConfig& s) {
   const auto first = static_cast<double>(s.cycle_first_step_size);
   const double second =
       s.cycle_second_step_size > 0 ? static_cast<double>(s.cycle_second_step_size) : first;
-  return {first + second, first / (first + second)};
+  return {first + second, first / (first + second), first};
 }
 
-// The position f in [0, 1] within the cycle for iteration i (< total).
-double cycle_scale(const Cycle& c, int64_t i) {
-  const double b = static_cast<double>(i + 1) / c.total;
+// The position f in [0, 1] within the cycle for iteration i (< total). With a stair count n
+// for the half the iteration is in, f is held flat over n stairs: floor(position * n) / n,
+// the position taken from the whole iteration count within the cycle (not from f, which can
+// land a rounding error under a stair).
+double cycle_scale(const SchedulerConfig& s, const Cycle& c, int64_t i) {
+  const auto batch = static_cast<double>(i + 1);
+  const double b = batch / c.total;
   const double x = 1.0 + b - std::floor(1.0 + b);
-  return x <= c.rise ? x / c.rise : (x - 1.0) / (c.rise - 1.0);
+  const bool rising = x <= c.rise;
+  const int64_t stairs = rising ? s.cycle_first_stair_count : s.cycle_second_stair_count;
+  if (stairs <= 0) return rising ? x / c.rise : (x - 1.0) / (c.rise - 1.0);
+  const double in_cycle = std::fmod(batch, c.total);
+  const double n = static_cast<double>(stairs);
+  const double position =
+      in_cycle <= c.first ? in_cycle * n / c.first : (c.total - in_cycle) * n / (c.total - c.first);
+  return std::floor(position) / n;
 }
 
 double one_cycle_lr(const SchedulerConfig& s, int64_t i) {
   const Cycle c = cycle_of(s);
   if (static_cast<double>(i) < c.total) {
-    return s.cycle_min_lr + (s.cycle_max_lr - s.cycle_min_lr) * cycle_scale(c, i);
+    return s.cycle_min_lr + (s.cycle_max_lr - s.cycle_min_lr) * cycle_scale(s, c, i);
   }
   if (s.decay_step_size == 0 || s.decay_lr_rate == 0.0) return s.cycle_min_lr;
   const double interval =
@@ -79,7 +96,7 @@ double one_cycle_beta1(const SchedulerConfig& s, int64_t i) {
   if (i < 0) return s.cycle_min_mom;  // what DeepSpeed's constructor sets
   const Cycle c = cycle_of(s);
   if (static_cast<double>(i) < c.total) {
-    return s.cycle_max_mom - (s.cycle_max_mom - s.cycle_min_mom) * cycle_scale(c, i);
+    return s.cycle_max_mom - (s.cycle_max_mom - s.cycle_min_mom) * cycle_scale(s, c, i);
   }
   if (s.decay_step_size == 0 || s.decay_mom_rate == 0.0) return s.cycle_max_mom;
   const double interval =
@@ -95,13 +112,22 @@ double range_test_lr(const SchedulerConfig& s, int64_t i) {
 
 }  // namespace
 
-void check_scheduler(const SchedulerConfig& s, const std::string& source) {
-  if (s.type == SchedulerType::kWarmupCosineLR && s.total_num_steps <= warmup_steps(s)) {
-    throw ConfigError(source, "scheduler.params.total_num_steps",
-                      fmt::format("{} must be greater than warmup_num_steps ({}) for "
-                                  "WarmupCosineLR: its cosine phase would have no steps",
-                                  s.total_num_steps, warmup_steps(s)));
+std::optional<std::string> scheduler_warning(const SchedulerConfig& s) {
+  const int64_t w = warmup_steps(s);
+  if (s.type == SchedulerType::kWarmupDecayLR && s.total_num_steps < s.warmup_num_steps) {
+    return fmt::format("{} is less than warmup_num_steps {}: the decay never starts",
+                       s.total_num_steps, s.warmup_num_steps);
   }
+  if (s.type == SchedulerType::kWarmupCosineLR && s.total_num_steps <= w) {
+    return fmt::format(
+        "{} is not more than the warm-up ({} steps: max(2, warmup_num_steps)): after the "
+        "warm-up the lr stays at cos_min_ratio x lr, as in DeepSpeed",
+        s.total_num_steps, w);
+  }
+  return std::nullopt;
+}
+
+void check_scheduler(const SchedulerConfig& s, const std::string& source) {
   if (s.type == SchedulerType::kOneCycle && s.cycle_first_step_size < 1) {
     throw ConfigError(source, "scheduler.params.cycle_first_step_size",
                       fmt::format("{} must be at least 1", s.cycle_first_step_size));
@@ -120,9 +146,13 @@ LrSchedule make_lr_schedule(const SchedulerConfig& scheduler, double base_lr,
     case SchedulerType::kNone:
       return [base_lr](int64_t) { return base_lr; };
     case SchedulerType::kWarmupLR:
-      return [s](int64_t step) { return warmup_decay_lr(s, iteration_of(step), false); };
+      return [s, base_lr](int64_t step) {
+        return warmup_decay_lr(s, base_lr, iteration_of(step), false);
+      };
     case SchedulerType::kWarmupDecayLR:
-      return [s](int64_t step) { return warmup_decay_lr(s, iteration_of(step), true); };
+      return [s, base_lr](int64_t step) {
+        return warmup_decay_lr(s, base_lr, iteration_of(step), true);
+      };
     case SchedulerType::kWarmupCosineLR:
       return [s, base_lr](int64_t step) {
         return base_lr * warmup_cosine_ratio(s, iteration_of(step));

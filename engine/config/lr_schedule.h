@@ -11,15 +11,21 @@
 // W = max(2, warmup_num_steps):
 //
 //   WarmupLR        i < 0: min_lr. i < W: min_lr + (max_lr - min_lr) * g, where g =
-//                   log(i + 1) / log(W) (log) or i / W (linear). Then max_lr.
+//                   log(i + 1) / log(W) (log) or i / W (linear). Then max_lr. max_lr:
+//                   warmup_max_lr, else the optimizer's lr (WarmupDecayLR: else 0.001).
 //   WarmupDecayLR   as WarmupLR while i < W; then min_lr + (max_lr - min_lr) *
 //                   max(0, (total - i) / max(1, total - W)).
 //   WarmupCosineLR  base_lr x ratio. i < 0: ratio 0. i < W: warmup_min_ratio + (1 -
 //                   warmup_min_ratio) * g. Then max(0, cos_min_ratio + (1 - cos_min_ratio) *
-//                   (1 + cos(pi * (i - W + 1) / (total - W))) / 2).
+//                   (1 + cos(pi * min(1, (i - W + 1) / max(1, total - W)))) / 2): from
+//                   total on the ratio stays at cos_min_ratio.
 //   OneCycle        i < total_size (= first + second step size): min_lr + (max_lr - min_lr) *
 //                   f, with b = i + 1, x = 1 + b / total_size - floor(1 + b / total_size),
-//                   f = x / r if x <= r else (x - 1) / (r - 1), r = first / total_size. After:
+//                   f = x / r if x <= r else (x - 1) / (r - 1), r = first / total_size; with
+//                   a stair count n > 0 for that half (cycle_first_stair_count rising,
+//                   cycle_second_stair_count falling), f = floor(p * n) / n where p =
+//                   c / first rising, (total_size - c) / second falling, c = b mod
+//                   total_size. After:
 //                   min_lr / (1 + decay_lr_rate * (i - total_size + 1) / decay_step_size), or
 //                   min_lr when decay_step_size or decay_lr_rate is 0. The momentum (beta1) is
 //                   cycle_min_mom for the first update, then max_mom - (max_mom - min_mom) * f
@@ -34,6 +40,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "engine/config/run_config.h"
@@ -61,8 +68,12 @@ inline constexpr double kOneCycleBeta2 = 0.99;
                                                       OptimizerType optimizer);
 
 // Throws ConfigError naming "scheduler.params.<key>" when the parameters cannot make a curve:
-// WarmupCosineLR with total_num_steps <= max(2, warmup_num_steps) (its cosine phase divides
-// by the difference), OneCycle with a step size below 1.
+// OneCycle or LRRangeTest with a step size below 1.
 void check_scheduler(const SchedulerConfig& scheduler, const std::string& source);
+
+// DeepSpeed's warning for scheduler.params.total_num_steps, if any: WarmupDecayLR's total
+// below warmup_num_steps, WarmupCosineLR's total not past the warm-up (the curve still works:
+// it stays at its end value).
+[[nodiscard]] std::optional<std::string> scheduler_warning(const SchedulerConfig& scheduler);
 
 }  // namespace zinf::config

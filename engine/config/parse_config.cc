@@ -278,7 +278,9 @@ void parse_scheduler_params(JsonBlock& p, SchedulerConfig& s) {
       [[fallthrough]];
     case SchedulerType::kWarmupLR:
       lr_value(p, "warmup_min_lr", s.warmup_min_lr);
-      lr_value(p, "warmup_max_lr", s.warmup_max_lr);
+      if (!p.take_auto("warmup_max_lr") && p.has("warmup_max_lr")) {
+        s.warmup_max_lr = p.number("warmup_max_lr", 0.0, 0.0, kMaxDouble);
+      }
       step_count(p, "warmup_num_steps", s.warmup_num_steps);
       parse_warmup_type(p, s, /*strict=*/false);
       known.insert(known.end(),
@@ -362,12 +364,8 @@ void parse_scheduler(JsonBlock& top, RunConfig& c) {
                   [](const std::string& key) { return key.rfind("scheduler.", 0) == 0; });
   if (pending) return;
   check_scheduler(c.scheduler, top.context().source);
-  const SchedulerConfig& s = c.scheduler;
-  if (s.type == SchedulerType::kWarmupDecayLR && s.total_num_steps < s.warmup_num_steps) {
-    // DeepSpeed warns too: the decay never starts within the run.
-    top.context().warn(
-        "scheduler.params.total_num_steps",
-        fmt::format("{} is less than warmup_num_steps {}", s.total_num_steps, s.warmup_num_steps));
+  if (std::optional<std::string> warning = scheduler_warning(c.scheduler)) {
+    top.context().warn("scheduler.params.total_num_steps", *warning);
   }
 }
 
@@ -598,6 +596,8 @@ void parse_unsupported_features(JsonBlock& top) {
        {"amp", "flops_profiler", "comms_logger", "elasticity", "autotuning", "eigenvalue",
         "progressive_layer_drop", "nebula", "hybrid_engine", "compile", "torch_autocast"}) {
     std::optional<JsonBlock> b = top.block(key);
+    // The HF Trainer writes "amp": {"enabled": "auto"}; resolve_auto makes it false.
+    if (b && key == "amp" && b->take_auto("enabled")) continue;
     if (b && b->boolean("enabled", false)) {
       top.context().warn(b->path_of("enabled"), "not supported by zinf; ignored");
     }

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -128,13 +129,16 @@ void Resolver::optimizer_and_scheduler() {
   }
 
   SchedulerConfig& s = c_.scheduler;
+  const bool scheduler_auto =
+      std::any_of(c_.auto_keys.begin(), c_.auto_keys.end(),
+                  [](const std::string& key) { return key.rfind("scheduler.", 0) == 0; });
   if (pending("scheduler.params.warmup_min_lr")) {
     s.warmup_min_lr = 0.0;
     record("scheduler.params.warmup_min_lr", s.warmup_min_lr, "0");
   }
   if (pending("scheduler.params.warmup_max_lr")) {
     s.warmup_max_lr = o.lr;
-    record("scheduler.params.warmup_max_lr", s.warmup_max_lr, "the optimizer's lr");
+    record("scheduler.params.warmup_max_lr", o.lr, "the optimizer's lr");
   }
   if (pending("scheduler.params.warmup_num_steps")) {
     s.warmup_num_steps = ctx_.warmup_steps.value_or(0);
@@ -150,6 +154,11 @@ void Resolver::optimizer_and_scheduler() {
     record("scheduler.params.total_num_steps", s.total_num_steps, "the run's number of steps");
   }
   check_scheduler(s, c_.source);
+  // parse_config gave the warning when no scheduler value was "auto".
+  if (std::optional<std::string> warning = scheduler_warning(s); warning && scheduler_auto) {
+    c_.warnings.push_back(
+        fmt::format("{}: scheduler.params.total_num_steps: {}", c_.source, *warning));
+  }
 }
 
 void Resolver::precision() {
@@ -162,6 +171,9 @@ void Resolver::precision() {
   if (pending("bf16.enabled")) {
     c_.precision.bf16_enabled = bf16;
     record("bf16.enabled", bf16, bf16 ? "bf16 asked for" : "bf16 not asked for");
+  }
+  if (pending("amp.enabled")) {
+    record("amp.enabled", false, "zinf has no apex AMP; fp16 / bf16 choose the precision");
   }
   detail::apply_precision(c_);
 }

@@ -14,6 +14,7 @@
 //   scheduler warmup_min_lr 0, warmup_max_lr = the optimizer's lr, warmup_num_steps = the
 //     command line's (else 0), total_num_steps = the run's step count (required)
 //   fp16.enabled / bf16.enabled     whether the command line asked for that precision
+//   amp.enabled                     false (zinf has no apex AMP)
 //   zero_optimization.reduce_bucket_size                  hidden^2
 //   zero_optimization.stage3_prefetch_bucket_size         floor(0.9 x hidden^2)
 //   zero_optimization.stage3_param_persistence_threshold  10 x hidden

@@ -101,7 +101,9 @@ struct SchedulerConfig {
 
   // WarmupLR, WarmupDecayLR.
   double warmup_min_lr = 0.0;
-  double warmup_max_lr = 0.001;
+  // Unset: WarmupLR climbs to the optimizer's lr (DeepSpeed since #7360, June 2025),
+  // WarmupDecayLR to 0.001 (its own default).
+  std::optional<double> warmup_max_lr;
   int64_t warmup_num_steps = 1000;  // steps; DeepSpeed uses max(2, this)
   WarmupType warmup_type = WarmupType::kLog;
   // WarmupDecayLR and WarmupCosineLR (required there).
@@ -116,8 +118,8 @@ struct SchedulerConfig {
   double decay_lr_rate = 0.0;
   int64_t cycle_first_step_size = 2000;
   int64_t cycle_second_step_size = 0;    // 0 when not given: the same as the first
-  int64_t cycle_first_stair_count = 0;   // accepted; DeepSpeed's curves do not use them
-  int64_t cycle_second_stair_count = 0;  // accepted; DeepSpeed's curves do not use them
+  int64_t cycle_first_stair_count = 0;   // 0: continuous; n: n flat stairs per rising half
+  int64_t cycle_second_stair_count = 0;  // the same for the falling half (default: the first)
   int64_t decay_step_size = 0;           // 0: no decay after the cycle
   bool cycle_momentum = true;
   double cycle_min_mom = 0.8;

@@ -1,8 +1,10 @@
 // LR schedules against DeepSpeed. The expected values were printed by DeepSpeed's own
 // deepspeed/runtime/lr_schedules.py (commit 38327e07f) driven the way its engine drives it: the
 // scheduler built over a torch optimizer, the lr (and betas) read before each update, then
-// scheduler.step() after it. Each table also notes the formula the value comes from, with
-// i = step - 2 (DeepSpeed's last_batch_iteration during that update).
+// scheduler.step() after it; the WarmupCosineLR clamp, OneCycle's stairs and WarmupLR's
+// default peak follow the later lr_schedules.py (master of 2026-08, #8142, #8179, #7360),
+// their values computed from its formulas. Each table also notes the formula the value comes from,
+// with i = step - 2 (DeepSpeed's last_batch_iteration during that update).
 #include "engine/config/lr_schedule.h"
 
 #include <gtest/gtest.h>
@@ -87,14 +89,20 @@ TEST(LrScheduleTest, WarmupDecayLr) {
       });
 }
 
-TEST(LrScheduleTest, WarmupCosineLr) {
+// WarmupCosineLR over `total` steps, 10 of warm-up, ending at 1% of the peak.
+SchedulerConfig cosine(int64_t total, WarmupType warmup_type) {
   SchedulerConfig s;
   s.type = SchedulerType::kWarmupCosineLR;
-  s.total_num_steps = 30;
-  s.warmup_min_ratio = 0.1;
+  s.total_num_steps = total;
   s.warmup_num_steps = 10;
   s.cos_min_ratio = 0.01;
-  s.warmup_type = WarmupType::kLog;
+  s.warmup_type = warmup_type;
+  return s;
+}
+
+TEST(LrScheduleTest, WarmupCosineLr) {
+  SchedulerConfig s = cosine(30, WarmupType::kLog);
+  s.warmup_min_ratio = 0.1;
   // The peak is the optimizer's lr (0.5).
   expect_curve(make_lr_schedule(s, 0.5),
                {
@@ -108,10 +116,40 @@ TEST(LrScheduleTest, WarmupCosineLr) {
                    {13, 0.48788648778305055},
                    {20, 0.29121753009745716},
                    {25, 0.10702315005761293},
-                   {31, 0.005},                 // cos(pi) = -1: cos_min_ratio
-                   {32, 0.008047135702703403},  // DeepSpeed does not stop the cosine at total
-                   {40, 0.21378246990254282},
+                   {31, 0.005},  // cos(pi) = -1: cos_min_ratio
+                   {32, 0.005},  // past total the progress is clamped at 1 (DeepSpeed #8142)
+                   {40, 0.005},
                });
+}
+
+// total_num_steps not past the warm-up: DeepSpeed warns and, after the warm-up, holds the
+// cosine floor (max(1, total - W) as the span, the progress clamped at 1).
+TEST(LrScheduleTest, WarmupCosineLrWithoutACosinePhaseHoldsTheFloor) {
+  const SchedulerConfig s = cosine(5, WarmupType::kLinear);
+  ASSERT_TRUE(scheduler_warning(s));
+  expect_curve(make_lr_schedule(s, 0.5), {
+                                             {6, 0.2},  // 0.5 * 4 / 10
+                                             {11, 0.45},
+                                             {12, 0.005},
+                                             {20, 0.005},
+                                         });
+}
+
+// warmup_max_lr left out: WarmupLR climbs to the optimizer's lr (DeepSpeed #7360), while
+// WarmupDecayLR keeps its own default of 0.001.
+TEST(LrScheduleTest, WarmupMaxLrDefaults) {
+  SchedulerConfig s = warmup(SchedulerType::kWarmupLR, WarmupType::kLinear, 0.0);
+  s.warmup_max_lr.reset();
+  expect_curve(make_lr_schedule(s, 0.5), {{2, 0.0}, {7, 0.25}, {12, 0.5}, {20, 0.5}});
+  s.type = SchedulerType::kWarmupDecayLR;
+  s.total_num_steps = 1000;
+  expect_curve(make_lr_schedule(s, 0.5), {{2, 0.0}, {7, 0.0005}, {12, 0.001}});
+  // Through the parser: a WarmupLR block without warmup_max_lr.
+  const RunConfig c = parse_config_string(R"({"optimizer": {"type": "AdamW", "params":
+      {"lr": 0.02}}, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10,
+      "warmup_type": "linear"}}})");
+  EXPECT_FALSE(c.scheduler.warmup_max_lr);
+  EXPECT_DOUBLE_EQ(make_lr_schedule(c.scheduler, c.optimizer.lr)(12), 0.02);
 }
 
 SchedulerConfig one_cycle() {
@@ -174,6 +212,35 @@ TEST(LrScheduleTest, OneCycleMomentum) {
                    .beta1);
 }
 
+// Stair counts hold the lr and beta1 flat: 2 stairs on the 4-step rise, 3 on the 6-step fall
+// (DeepSpeed #8179): f = floor(p * n) / n from the step's place c in the cycle.
+TEST(LrScheduleTest, OneCycleStairs) {
+  SchedulerConfig s = one_cycle();
+  s.cycle_first_stair_count = 2;
+  s.cycle_second_stair_count = 3;
+  expect_curve(make_lr_schedule(s, 0.5), {
+                                             {1, 0.001},
+                                             {2, 0.001},  // c = 1: floor(1 * 2 / 4) = 0
+                                             {3, 0.0055},
+                                             {4, 0.0055},
+                                             {5, 0.01},
+                                             {6, 0.007},  // c = 5: floor(5 * 3 / 6) / 3
+                                             {7, 0.007},
+                                             {8, 0.004},
+                                             {10, 0.001},
+                                             {11, 0.001},
+                                         });
+  expect_curve(make_momentum_schedule(s, OptimizerType::kAdamW).beta1,
+               {{3, 0.85}, {4, 0.85}, {6, 0.8333333333333334}, {8, 0.8666666666666667}});
+  // Parsed: the second count defaults to the first.
+  const RunConfig c = parse_config_string(R"({"scheduler": {"type": "OneCycle", "params": {
+      "cycle_min_lr": 0.001, "cycle_max_lr": 0.01, "cycle_first_step_size": 4,
+      "cycle_first_stair_count": 2}}})");
+  EXPECT_EQ(c.scheduler.cycle_second_stair_count, 2);
+  // Symmetric 8-step cycle, 2 stairs each way: c = 5 falls to floor(3 * 2 / 4) / 2 = 0.5.
+  EXPECT_NEAR(make_lr_schedule(c.scheduler, 0.5)(7), 0.0055, 1e-15);
+}
+
 TEST(LrScheduleTest, OneCycleWithoutDecayStaysAtTheFloor) {
   SchedulerConfig s = one_cycle();
   s.decay_step_size = 0;
@@ -220,17 +287,10 @@ TEST(LrScheduleTest, NoSchedulerIsTheConstantLr) {
 }
 
 TEST(LrScheduleTest, ParametersThatCannotMakeACurve) {
-  SchedulerConfig s;
-  s.type = SchedulerType::kWarmupCosineLR;
-  s.total_num_steps = 1;
-  s.warmup_num_steps = 0;  // counted as 2
-  testing::expect_error(testing::error_of([&] { (void)make_lr_schedule(s, 1.0, "x.json"); }),
-                        "scheduler.params.total_num_steps",
-                        {"x.json", "1 must be greater than warmup_num_steps (2)"});
-  s = one_cycle();
+  SchedulerConfig s = one_cycle();
   s.cycle_first_step_size = 0;
-  testing::expect_error(testing::error_of([&] { (void)make_lr_schedule(s, 1.0); }),
-                        "scheduler.params.cycle_first_step_size", {"at least 1"});
+  testing::expect_error(testing::error_of([&] { (void)make_lr_schedule(s, 1.0, "x.json"); }),
+                        "scheduler.params.cycle_first_step_size", {"x.json", "at least 1"});
 }
 
 TEST(LrScheduleTest, ParsedConfigDrivesTheSchedule) {
