@@ -31,6 +31,7 @@
 #include "engine/model/llama.h"
 #include "tests/common/multi_process.h"
 #include "tests/common/temp_dir.h"
+#include "tests/engine/tiny_llama.h"
 
 namespace zinf::engine {
 namespace {
@@ -50,22 +51,11 @@ constexpr uint64_t kInitSeed = 11;
 // within a few steps: the loss falls by 38% over the run).
 constexpr double kBf16Tolerance = 0.01;
 
-LlamaConfig tiny() {
-  LlamaConfig c = *named_llama("tiny", kVocab);
-  c.hidden_size = 32;
-  c.intermediate_size = 88;
-  c.num_layers = 3;
-  return c;
-}
+LlamaConfig tiny() { return testing::tiny_llama(kVocab); }
 
-// Global batch `step`: arithmetic sequences mod 16 with random starts and strides, from a
-// generator seeded by the step.
+// Global batch `step`, from a generator seeded by the step.
 std::pair<at::Tensor, at::Tensor> global_batch(int64_t step) {
-  at::manual_seed(5000 + step);
-  const at::Tensor start = at::randint(16, {kGlobalBatch, 1}, at::kLong);
-  const at::Tensor stride = at::randint(1, 4, {kGlobalBatch, 1}, at::kLong);
-  const at::Tensor seq = (start + stride * at::arange(kSeq + 1, at::kLong)).remainder(16);
-  return {seq.narrow(1, 0, kSeq), seq.narrow(1, 1, kSeq)};
+  return testing::arithmetic_batch(5000 + static_cast<uint64_t>(step), kGlobalBatch, kSeq);
 }
 
 // Rank `rank`'s share of a global batch: rows rank, rank + world, ...
