@@ -9,7 +9,9 @@ attention, SwiGLU MLP, optional tied head).
 
   make_hf_llama.py OUT [--dtype float32|bfloat16|float16] [--shards N] [--tied] [--seed S]
                        [--pattern TEXT --seq-len L]
+                       [--hidden H --intermediate I --layers N --heads A --vocab V]
 
+The shape defaults to hidden 32, intermediate 88, 2 layers, 4 heads, vocab 256.
 OUT receives config.json, model.safetensors (--shards 0) or model-0000k-of-0000N.safetensors
 with model.safetensors.index.json, and expected.safetensors: "tokens" (I64 [2, 12]) and
 "logits" (F32 [2, 12, vocab]) computed from the weights as stored (rounded to --dtype, then
@@ -33,12 +35,12 @@ def config(args):
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "hidden_size": 32,
-        "intermediate_size": 88,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "vocab_size": 256,
+        "hidden_size": args.hidden,
+        "intermediate_size": args.intermediate,
+        "num_hidden_layers": args.layers,
+        "num_attention_heads": args.heads,
+        "num_key_value_heads": args.heads,
+        "vocab_size": args.vocab,
         "max_position_embeddings": 128,
         "rms_norm_eps": 1e-6,
         "rope_theta": 50000.0,
@@ -157,6 +159,12 @@ def main():
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--pattern", default="")
     ap.add_argument("--seq-len", type=int, default=16)
+    # The shape (the tests use the defaults; larger ones are for measurements).
+    ap.add_argument("--hidden", type=int, default=32)
+    ap.add_argument("--intermediate", type=int, default=88)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=256)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     c = config(args)
