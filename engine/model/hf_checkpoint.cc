@@ -9,10 +9,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <vector>
 
 #include "engine/serialization/serialization_error.h"
@@ -182,9 +180,12 @@ LlamaConfig read_hf_llama_config(const std::string& config_path, std::string* to
            fmt::format("is {}: zinf's Llama supports plain rotary positions only (null)",
                        scaling->dump()));
   }
-  const std::string dtype = r.string_or("torch_dtype", "");
+  // Recent transformers write "dtype" where older ones wrote "torch_dtype".
+  const char* dtype_key =
+      r.get("torch_dtype") == nullptr && r.get("dtype") != nullptr ? "dtype" : "torch_dtype";
+  const std::string dtype = r.string_or(dtype_key, "");
   if (!dtype.empty() && dtype != "float32" && dtype != "bfloat16" && dtype != "float16") {
-    r.fail("torch_dtype",
+    r.fail(dtype_key,
            fmt::format("is \"{}\": weights must be float32, bfloat16 or float16", dtype));
   }
   if (torch_dtype != nullptr) *torch_dtype = dtype;

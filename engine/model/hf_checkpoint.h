@@ -12,8 +12,8 @@
 //     nothing the reference model cannot honour: model_type other than "llama",
 //     num_key_value_heads != num_attention_heads (grouped-query attention: the model has
 //     none), head_dim other than hidden_size / num_attention_heads, hidden_act other than
-//     "silu", attention_bias or mlp_bias true, a rope_scaling, a torch_dtype other than
-//     float32, bfloat16 or float16;
+//     "silu", attention_bias or mlp_bias true, a rope_scaling, a torch_dtype (or "dtype", as
+//     recent transformers name it) other than float32, bfloat16 or float16;
 //   - weights: every parameter of that LlamaModel present (a tied head may be absent: it is
 //     the embedding) with its shape and dtype F32, BF16 or F16; no other tensor except
 //     `*.rotary_emb.inv_freq` (older checkpoints store it; the model computes it) and a tied

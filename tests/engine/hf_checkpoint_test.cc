@@ -263,6 +263,7 @@ TEST_F(HfCheckpointErrors, ConfigKeysTheModelCannotHonour) {
       {"head_dim", 16, "hidden_size / num_attention_heads = 8"},
       {"model_type", "mistral", "is a Llama"},
       {"torch_dtype", "int8", "float32, bfloat16 or float16"},
+      {"dtype", "float64", "float32, bfloat16 or float16"},  // (torch_dtype removed below)
       {"hidden_size", nullptr, "is missing"},
       {"num_attention_heads", -4, "positive integer"},
       {"rms_norm_eps", "small", "positive number"},
@@ -277,6 +278,7 @@ TEST_F(HfCheckpointErrors, ConfigKeysTheModelCannotHonour) {
       } else {
         j[c.key] = c.value;
       }
+      if (c.key == "dtype") j.erase("torch_dtype");
     });
     expect_refused(folder, {folder + "/config.json", "\"" + c.key + "\"", c.says});
     fs::remove_all(folder);
