@@ -263,8 +263,7 @@ void HfCheckpoint::check_tensors() const {
     const Source s = find(p.name);
     if (scalar_type(s.tensor->dtype) == at::ScalarType::Undefined) {
       throw HfCheckpointError(
-          fmt::format("{}: tensor \"{}\" has dtype {}; zinf reads F32, BF16 "
-                      "and F16",
+          fmt::format("{}: tensor \"{}\" has dtype {}; zinf reads F32, BF16 and F16",
                       s.reader->name(), p.name, serialization::dtype_name(s.tensor->dtype)));
     }
     if (s.tensor->shape != unsigned_shape(p.shape)) {
@@ -281,7 +280,7 @@ void HfCheckpoint::check_tensors() const {
       }
       throw HfCheckpointError(
           fmt::format("{}: tensor \"{}\" is not a parameter of the Llama model config.json "
-                      "describes (zinf would ignore weights the model needs)",
+                      "describes (zinf does not drop weights silently)",
                       reader.name(), t.name));
     }
   };

@@ -81,7 +81,7 @@ class HfCheckpoint {
 
  private:
   HfCheckpoint() = default;
-  // The tensor holding parameter `name` and the file's name; throws when absent.
+  // The tensor holding parameter `name` and the file it is in; throws when absent.
   struct Source {
     const serialization::SafetensorsReader* reader = nullptr;
     const serialization::TensorInfo* tensor = nullptr;
