@@ -19,6 +19,7 @@
 #include "engine/data/data.h"
 #include "engine/engine.h"
 #include "engine/memory_plan.h"
+#include "engine/model/hf_checkpoint.h"
 #include "engine/model/llama.h"
 #include "tools/interrupt.h"
 #include "tools/loss_plot.h"
@@ -202,14 +203,36 @@ int run_train(const TrainArgs& args) {
     const int64_t seq_len = args.seq_len.value_or(kBareSeqLen);
     if (seq_len < 1) throw std::invalid_argument(fmt::format("--seq-len {} must be >= 1", seq_len));
 
-    const std::string model_name = args.model.empty() ? kBareModel : args.model;
-    std::optional<engine::LlamaConfig> model =
-        engine::named_llama(model_name, static_cast<int64_t>(source->vocab_size()));
-    if (!model) {
-      throw std::invalid_argument(
-          fmt::format("--model \"{}\" is not one of {}", model_name, engine::named_llama_list()));
+    // --init-from: the Hugging Face folder gives the model's shape and its initial weights.
+    std::optional<engine::HfCheckpoint> hf;
+    std::optional<engine::LlamaConfig> model;
+    if (!args.init_from.empty()) {
+      if (!args.model.empty()) {
+        throw std::invalid_argument(
+            "--model and --init-from both choose the model: the "
+            "folder's config.json describes it; leave --model out");
+      }
+      hf.emplace(engine::HfCheckpoint::open(args.init_from));
+      model = hf->config();
+      if (source->vocab_size() > static_cast<uint64_t>(model->vocab_size)) {
+        throw std::invalid_argument(
+            fmt::format("the data's token ids go up to {} but {}'s vocab_size is {}",
+                        source->vocab_size() - 1, args.init_from, model->vocab_size));
+      }
+      if (seq_len > model->max_seq_len) {
+        throw std::invalid_argument(
+            fmt::format("--seq-len {} is longer than {}'s max_position_embeddings {}", seq_len,
+                        args.init_from, model->max_seq_len));
+      }
+    } else {
+      const std::string model_name = args.model.empty() ? kBareModel : args.model;
+      model = engine::named_llama(model_name, static_cast<int64_t>(source->vocab_size()));
+      if (!model) {
+        throw std::invalid_argument(
+            fmt::format("--model \"{}\" is not one of {}", model_name, engine::named_llama_list()));
+      }
+      model->max_seq_len = std::max(model->max_seq_len, seq_len);
     }
-    model->max_seq_len = std::max(model->max_seq_len, seq_len);
     const auto params = static_cast<uint64_t>(model->parameter_count());
     const uint64_t states = params * kStateBytesPerParam;
     const int64_t steps = args.steps.value_or(kDefaultSteps);
@@ -286,6 +309,11 @@ int run_train(const TrainArgs& args) {
                     global_batch, seq_len, tokens_per_step, micro,
                     cfg.zero.gradient_accumulation_steps, launch.world_size, steps));
     if (swap) say(fmt::format("swap folder: {} (removed at the end)", swap->path()));
+    if (hf) {
+      say(fmt::format("initial weights: {} ({}{}), each parameter read as it is partitioned",
+                      hf->directory(), hf->describe(),
+                      hf->torch_dtype().empty() ? "" : ", " + hf->torch_dtype()));
+    }
 
     data::LoaderOptions lo;
     lo.seq_len = seq_len;
@@ -310,9 +338,11 @@ int run_train(const TrainArgs& args) {
     const Clock::time_point start = Clock::now();
     auto module = std::make_shared<engine::LlamaModelImpl>(*model, dtype);
     const uint64_t seed = args.seed;
-    engine::Engine eng(module, options, [seed](const std::string& name, at::Tensor& full) {
-      engine::init_parameter(seed, name, full);
-    });
+    engine::Engine eng(
+        module, options,
+        hf ? hf->initializer() : [seed](const std::string& name, at::Tensor& full) {
+          engine::init_parameter(seed, name, full);
+        });
 
     std::vector<std::pair<double, double>> curve;
     std::vector<double> losses, tokens_per_s;
@@ -390,6 +420,9 @@ int run_train(const TrainArgs& args) {
     fmt::print(stderr, "zinf train: {}\n", e.what());
     return 2;
   } catch (const data::DataError& e) {
+    fmt::print(stderr, "zinf train: {}\n", e.what());
+    return 2;
+  } catch (const engine::HfCheckpointError& e) {
     fmt::print(stderr, "zinf train: {}\n", e.what());
     return 2;
   } catch (const std::exception& e) {

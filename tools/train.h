@@ -35,6 +35,7 @@ struct TrainArgs {
   std::string nvme_path;                     // swap folder (replaces the config's)
   std::string plot = "zinf-train-loss.png";  // the loss curve PNG; "" to skip
   std::optional<int> threads;                // compute threads per rank
+  std::string init_from;                     // Hugging Face Llama folder: model and weights
 };
 
 inline constexpr const char* kBareModel = "small";

@@ -44,6 +44,10 @@ void add_train_commands(CLI::App& app, int& exit_code) {
   cmd->add_option("--threads", args->threads,
                   "Compute threads per rank (default: zinf.threads, else OMP_NUM_THREADS, else "
                   "cores / ranks on this node)");
+  cmd->add_option("--init-from", args->init_from,
+                  "Hugging Face Llama folder (config.json + model.safetensors or shards with "
+                  "model.safetensors.index.json): the model's shape and initial weights")
+      ->check(CLI::ExistingDirectory);
   cmd->callback([args, &exit_code] { exit_code = run_train(*args); });
 
   auto eargs = std::make_shared<EstimateArgs>();

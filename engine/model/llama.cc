@@ -95,20 +95,25 @@ std::vector<LlamaParameterShape> llama_parameter_shapes(const LlamaConfig& c) {
   const int64_t h = c.hidden_size;
   const int64_t inter = c.intermediate_size;
   std::vector<LlamaParameterShape> out;
-  out.push_back({"model.embed_tokens.weight", c.vocab_size * h, false});
+  auto add = [&](std::string name, std::vector<int64_t> shape, bool in_block) {
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    out.push_back({std::move(name), numel, in_block, std::move(shape)});
+  };
+  add("model.embed_tokens.weight", {c.vocab_size, h}, false);
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
-    out.push_back({p + "input_layernorm.weight", h, true});
+    add(p + "input_layernorm.weight", {h}, true);
     for (const char* proj : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
-      out.push_back({p + "self_attn." + proj + ".weight", h * h, true});
+      add(p + "self_attn." + proj + ".weight", {h, h}, true);
     }
-    out.push_back({p + "post_attention_layernorm.weight", h, true});
-    out.push_back({p + "mlp.gate_proj.weight", h * inter, true});
-    out.push_back({p + "mlp.up_proj.weight", h * inter, true});
-    out.push_back({p + "mlp.down_proj.weight", inter * h, true});
+    add(p + "post_attention_layernorm.weight", {h}, true);
+    add(p + "mlp.gate_proj.weight", {inter, h}, true);
+    add(p + "mlp.up_proj.weight", {inter, h}, true);
+    add(p + "mlp.down_proj.weight", {h, inter}, true);
   }
-  out.push_back({"model.norm.weight", h, false});
-  if (!c.tie_embeddings) out.push_back({"lm_head.weight", c.vocab_size * h, false});
+  add("model.norm.weight", {h}, false);
+  if (!c.tie_embeddings) add("lm_head.weight", {c.vocab_size, h}, false);
   return out;
 }
 
@@ -208,7 +213,8 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& c) {
-  input_layernorm = register_module("input_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps, c.dtype));
+  input_layernorm =
+      register_module("input_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps, c.dtype));
   self_attn = register_module("self_attn", Attention(c));
   post_attention_layernorm =
       register_module("post_attention_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps, c.dtype));
@@ -234,10 +240,10 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& config, at::ScalarType dtype) 
   config_.validate();
   config_.dtype = dtype;  // every parameter is allocated in it: no fp32 copy to convert
   model = register_module("model", LlamaBody(config_));
-  lm_head = register_module("lm_head", config_.tie_embeddings
-                                           ? Projection(model->embed_tokens->weight)
-                                           : Projection(config_.hidden_size, config_.vocab_size,
-                                                        config_.dtype));
+  lm_head = register_module(
+      "lm_head", config_.tie_embeddings
+                     ? Projection(model->embed_tokens->weight)
+                     : Projection(config_.hidden_size, config_.vocab_size, config_.dtype));
 }
 
 torch::Tensor LlamaModelImpl::forward(const torch::Tensor& tokens) {

@@ -62,7 +62,8 @@ struct LlamaConfig {
 struct LlamaParameterShape {
   std::string name;
   int64_t numel = 0;
-  bool in_block = false;  // a decoder layer's (inside a ZeroBlock)
+  bool in_block = false;       // a decoder layer's (inside a ZeroBlock)
+  std::vector<int64_t> shape;  // as LlamaModel allocates it ([out, in] for projections)
 };
 // In the order LlamaModel registers them; a tied head is not listed again.
 [[nodiscard]] std::vector<LlamaParameterShape> llama_parameter_shapes(const LlamaConfig& config);
@@ -71,8 +72,8 @@ struct LlamaParameterShape {
 // activations under ZeroBlock recomputation: every layer's saved input, one layer's forward
 // and backward intermediates (attention scores in fp32 included), and the fp32 logits with
 // their gradient. An estimate for the memory plan, not a bound.
-[[nodiscard]] uint64_t llama_activation_bytes(const LlamaConfig& config, int64_t batch,
-                                              int64_t seq, int64_t element_bytes);
+[[nodiscard]] uint64_t llama_activation_bytes(const LlamaConfig& config, int64_t batch, int64_t seq,
+                                              int64_t element_bytes);
 
 // y = x / rms(x) * weight, computed in fp32.
 struct RmsNormImpl : torch::nn::Module {

@@ -16,6 +16,7 @@
 #include "aio/pinned_budget.h"
 #include "engine/model/llama.h"
 #include "tests/common/temp_dir.h"
+#include "tests/engine/tiny_llama.h"
 
 namespace zinf::engine {
 namespace {
@@ -23,22 +24,11 @@ namespace {
 constexpr int64_t kSeq = 16;
 constexpr int64_t kVocab = 64;
 
-LlamaConfig tiny() {
-  LlamaConfig c = *named_llama("tiny", kVocab);
-  c.hidden_size = 32;
-  c.intermediate_size = 88;
-  c.num_layers = 3;
-  return c;
-}
+LlamaConfig tiny() { return testing::tiny_llama(kVocab); }
 
-// Samples of micro-batch i: arithmetic sequences mod 16 with random starts and strides (a
-// pattern the model can learn), from a fixed generator.
+// Samples of micro-batch i, from a generator seeded by i.
 std::pair<at::Tensor, at::Tensor> batch(int64_t i, int64_t size) {
-  at::manual_seed(1000 + i);
-  const at::Tensor start = at::randint(16, {size, 1}, at::kLong);
-  const at::Tensor stride = at::randint(1, 4, {size, 1}, at::kLong);
-  const at::Tensor seq = (start + stride * at::arange(kSeq + 1, at::kLong)).remainder(16);
-  return {seq.narrow(1, 0, kSeq), seq.narrow(1, 1, kSeq)};
+  return testing::arithmetic_batch(1000 + static_cast<uint64_t>(i), size, kSeq);
 }
 
 std::vector<double> train_plain(int steps, int accumulation, int64_t micro, double lr) {
