@@ -419,6 +419,13 @@ class PlanBuilder {
     return pieces;
   }
 
+  // "zero_pp_rank_0_mp_rank_00_optim_states.pt ... zero_pp_rank_2_mp_rank_00_optim_states.pt"
+  std::string partition_files() const {
+    const std::string first = fs::path(optim_.front().path).filename().string();
+    if (optim_.size() == 1) return first;
+    return first + " ... " + fs::path(optim_.back().path).filename().string();
+  }
+
   // ---- Stages ----
 
   void build_stage0() {
@@ -475,22 +482,22 @@ class PlanBuilder {
         tensor.numel = shape_numel(shape);
         tensor.shape = shape;
         if (offset + tensor.numel > cursor.total()) {
-          fail(optim_.back().path, "group " + std::to_string(g) + ": param '" + name +
-                                       "' needs elements up to " +
-                                       std::to_string(offset + tensor.numel) + " but the " +
-                                       std::to_string(plan_.world_size) +
-                                       " ranks' partitions hold " + std::to_string(cursor.total()));
+          fail(model.path, "param_shapes group " + std::to_string(g) + ": param '" + name +
+                               "' needs elements up to " + std::to_string(offset + tensor.numel) +
+                               " but the " + std::to_string(plan_.world_size) +
+                               " ranks' partitions (" + partition_files() + ") hold " +
+                               std::to_string(cursor.total()));
         }
         cursor.take(offset, tensor.numel, tensor.pieces);
         offset += tensor.numel;
         push(std::move(tensor));
       }
       if (aligned(offset) != aligned(cursor.total())) {
-        fail(optim_.back().path,
-             "group " + std::to_string(g) + ": the params use " + std::to_string(offset) +
-                 " elements but the ranks' partitions hold " + std::to_string(cursor.total()) +
-                 " (" + std::to_string(aligned(cursor.total())) + " aligned to " +
-                 std::to_string(align) + ")");
+        fail(model.path, "param_shapes group " + std::to_string(g) + ": the params use " +
+                             std::to_string(offset) + " elements but the ranks' partitions (" +
+                             partition_files() + ") hold " + std::to_string(cursor.total()) + " (" +
+                             std::to_string(aligned(cursor.total())) + " aligned to " +
+                             std::to_string(align) + ")");
       }
     }
   }

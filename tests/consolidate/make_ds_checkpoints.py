@@ -366,6 +366,53 @@ def make_fixture(spec, out_dir):
                           metadata)
 
 
+def load_file(path):
+    return torch.load(path, weights_only=False)
+
+
+# Malformed checkpoints, each a copy of a good fixture with one thing wrong (every error must
+# name the file it found wrong): NAME -> (source fixture, file in the tag folder, change).
+def _shorter_last_flat_group(state):
+    groups = state["optimizer_state_dict"]["fp32_flat_groups"]
+    groups[-1] = groups[-1][:-1].clone()
+
+
+def _bigger_first_param(state):
+    group = state["param_shapes"][0]
+    name = next(iter(group))
+    group[name] = torch.Size([group[name].numel() + 40])
+
+
+def _partition_count_three(state):
+    state["optimizer_state_dict"]["partition_count"] = [3, 3]
+
+
+BROKEN = {
+    "broken_s3_rank_sizes": ("s3_ws2_fp16_frozen_tied", "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+                             _shorter_last_flat_group),
+    "broken_s2_param_shapes": ("s2_ws2_fp16_frozen_tied", "mp_rank_00_model_states.pt",
+                               _bigger_first_param),
+    "broken_s1_partition_count": ("s1_ws2_fp16_frozen", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                                  _partition_count_three),
+}
+
+
+def make_broken(name, out_dir):
+    import shutil
+    source, file_name, change = BROKEN[name]
+    source_dir = os.path.join(out_dir, source, "ckpt")
+    if not os.path.isdir(source_dir):
+        make_fixture(next(s for s in FIXTURES if s.name == source), out_dir)
+    target = os.path.join(out_dir, name, "ckpt")
+    shutil.copytree(source_dir, target)
+    with open(os.path.join(target, "latest")) as f:
+        tag = f.read().strip()
+    path = os.path.join(target, tag, file_name)
+    state = load_file(path)
+    change(state)
+    torch.save(state, path)
+
+
 def make_big(out_dir, gigabytes, ws, tensor_mb):
     """A stage-3 checkpoint of about `gigabytes` of fp32 partitions (all ranks together), made
     one rank at a time so this script holds about one rank's partitions."""
@@ -415,6 +462,9 @@ def main():
     for spec in FIXTURES:
         if not args.only or spec.name in args.only:
             make_fixture(spec, args.out_dir)
+    for name in BROKEN:
+        if not args.only or name in args.only:
+            make_broken(name, args.out_dir)
 
 
 if __name__ == "__main__":
