@@ -5,8 +5,6 @@
 // (weights_only=True) reads the .bin output; malformed checkpoints end in one message naming
 // the file.
 #include <gtest/gtest.h>
-#include <stdio.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -14,6 +12,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -23,6 +22,8 @@
 #include "engine/serialization/serialization_error.h"
 #include "engine/serialization/torch_archive.h"
 #include "tests/common/temp_dir.h"
+#include "tests/serialization/serialization_test_util.h"
+#include "tests/tools/test_system.h"
 
 namespace zinf::consolidate {
 namespace {
@@ -30,23 +31,14 @@ namespace {
 namespace fs = std::filesystem;
 using serialization::SerializationError;
 
-constexpr const char* kPython = "/usr/bin/python3";
+using serialization::testing::kPython;
+using serialization::testing::run_python;
 
-struct CommandResult {
-  int status = -1;
-  std::string output;  // stdout and stderr
-};
-
-CommandResult run_command(const std::string& command) {
-  CommandResult result;
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return result;
-  char chunk[4096];
-  size_t got;
-  while ((got = std::fread(chunk, 1, sizeof(chunk), pipe)) > 0) result.output.append(chunk, got);
-  const int status = ::pclose(pipe);
-  if (status != -1 && WIFEXITED(status)) result.status = WEXITSTATUS(status);
-  return result;
+std::string file_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 const std::vector<std::string> kFixtures = {"s0_ws1_fp32",
@@ -171,15 +163,17 @@ class ZeroToFp32Test : public ::testing::Test {
       skip_reason_ = new std::string(std::string(kPython) + " is missing");
       return;
     }
-    const CommandResult probe = run_command(std::string(kPython) + " -c 'import torch'");
+    fixtures_ = new testing::TempDir();
+    const serialization::testing::PythonResult probe =
+        run_python(fixtures_->path(), "probe.py", "import torch\n", {});
     if (probe.status != 0) {
       skip_reason_ =
           new std::string("torch is missing for " + std::string(kPython) + ": " + probe.output);
       return;
     }
-    fixtures_ = new testing::TempDir();
-    const CommandResult made =
-        run_command(std::string(kPython) + " " + ZINF_DS_FIXTURE_SCRIPT + " " + fixtures_->path());
+    const serialization::testing::PythonResult made =
+        run_python(fixtures_->path(), "make_ds_checkpoints.py", file_text(ZINF_DS_FIXTURE_SCRIPT),
+                   {fixtures_->path()});
     ASSERT_EQ(made.status, 0) << made.output;
   }
   static void TearDownTestSuite() {
@@ -351,8 +345,7 @@ TEST_F(ZeroToFp32Test, TorchLoadsTheBinOutput) {
       dirs.push_back(fixtures_->path() + "/" + fixture + "=" + dir);
     }
   }
-  const std::string script = out_.path() + "/load.py";
-  std::ofstream(script) << R"(
+  const std::string script = R"(
 import json, os, struct, sys, torch
 def expected(path):
     with open(path, "rb") as f:
@@ -385,9 +378,8 @@ for arg in sys.argv[1:]:
         assert got[alias].data_ptr() == got[target].data_ptr(), (out_dir, alias)
 print("checked", len(sys.argv) - 1)
 )";
-  std::string command = std::string(kPython) + " " + script;
-  for (const std::string& dir : dirs) command += " '" + dir + "'";
-  const CommandResult result = run_command(command);
+  const serialization::testing::PythonResult result =
+      run_python(out_.path(), "load.py", script, dirs);
   EXPECT_EQ(result.status, 0) << result.output;
   EXPECT_NE(result.output.find("checked " + std::to_string(dirs.size())), std::string::npos)
       << result.output;
@@ -475,28 +467,29 @@ TEST_F(ZeroToFp32Test, MissingLatestTagFolderRankFileOrTruncatedFileIsNamed) {
 // line on stderr naming the file.
 TEST_F(ZeroToFp32Test, CommandLineWritesShardsAndReportsErrors) {
   const std::string dir = output("cli");
-  CommandResult result = run_command(
-      std::string(ZINF_BINARY) + " zero-to-fp32 " + checkpoint("s3_ws2_fp16_frozen_tied") + " " +
-      dir + " --safe-serialization --max-shard-size 0.5KB --dtype bf16 --threads 2");
-  ASSERT_EQ(result.status, 0) << result.output;
-  EXPECT_NE(result.output.find("ZeRO stage 3, world size 2"), std::string::npos) << result.output;
-  EXPECT_NE(result.output.find("peak RSS"), std::string::npos) << result.output;
+  zinf::testing::ZinfRun run = zinf::testing::run_zinf(
+      {"zero-to-fp32", checkpoint("s3_ws2_fp16_frozen_tied"), dir, "--safe-serialization",
+       "--max-shard-size", "0.5KB", "--dtype", "bf16", "--threads", "2"});
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("ZeRO stage 3, world size 2"), std::string::npos) << run.out;
+  EXPECT_NE(run.out.find("peak RSS"), std::string::npos) << run.out;
   EXPECT_TRUE(fs::exists(dir + "/model.safetensors.index.json"));
   EXPECT_TRUE(fs::exists(dir + "/model-00001-of-00002.safetensors"));
 
-  result = run_command(std::string(ZINF_BINARY) + " zero-to-fp32 " +
-                       checkpoint("broken_s3_rank_sizes") + " " + output("cli_broken") + " -q");
-  EXPECT_EQ(result.status, 1);
-  EXPECT_NE(result.output.find("zero_pp_rank_1_mp_rank_00_optim_states.pt: fp32_flat_groups"),
+  run = zinf::testing::run_zinf(
+      {"zero-to-fp32", checkpoint("broken_s3_rank_sizes"), output("cli_broken"), "-q"});
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_NE(run.err.find("zero_pp_rank_1_mp_rank_00_optim_states.pt: fp32_flat_groups"),
             std::string::npos)
-      << result.output;
-  EXPECT_EQ(std::count(result.output.begin(), result.output.end(), '\n'), 1) << result.output;
+      << run.err;
+  EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << run.err;
+  EXPECT_EQ(run.out, "");
   EXPECT_FALSE(fs::exists(output("cli_broken") + "/pytorch_model.bin"));
 
-  result = run_command(std::string(ZINF_BINARY) + " zero-to-fp32 " + checkpoint("s1_ws1_fp16") +
-                       " " + output("cli_dtype") + " --dtype fp64");
-  EXPECT_EQ(result.status, 1);
-  EXPECT_NE(result.output.find("--dtype"), std::string::npos) << result.output;
+  run = zinf::testing::run_zinf(
+      {"zero-to-fp32", checkpoint("s1_ws1_fp16"), output("cli_dtype"), "--dtype", "fp64"});
+  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_NE(run.err.find("--dtype"), std::string::npos) << run.err;
 }
 
 }  // namespace
