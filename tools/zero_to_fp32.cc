@@ -82,6 +82,8 @@ void run_zero_to_fp32(const ZeroToFp32Options& options) {
                                             : consolidate::OutputFormat::kTorchBin;
   write.max_shard_bytes = parse_byte_size(options.max_shard_size, "--max-shard-size");
   if (write.max_shard_bytes == 0) throw std::invalid_argument("--max-shard-size must be > 0");
+  write.chunk_bytes = parse_byte_size(options.chunk_size, "--chunk-size");
+  if (write.chunk_bytes < 4096) throw std::invalid_argument("--chunk-size must be >= 4096");
   if (options.threads < 0) throw std::invalid_argument("--threads must be >= 0");
   write.threads = options.threads > 0
                       ? options.threads
@@ -110,12 +112,12 @@ void run_zero_to_fp32(const ZeroToFp32Options& options) {
     std::string files;
     for (const std::string& file : summary.files) files += (files.empty() ? "" : ", ") + file;
     fmt::print(
-        "wrote {} tensors ({} params, {} aliases) as {}: {} in {:.2f} s ({:.2f} GB/s), "
-        "peak RSS {}\n  {}: {}\n",
+        "wrote {} tensors ({} params, {} aliases) as {}: {} in {:.2f} s ({:.2f} GB/s; "
+        "{:.2f} s of it completing the files: fsync), peak RSS {}\n  {}: {}\n",
         summary.tensors, summary.elements, summary.aliases, options.dtype,
         format_bytes(summary.data_bytes), seconds,
         seconds > 0 ? static_cast<double>(summary.data_bytes) / seconds / 1e9 : 0.0,
-        format_bytes(peak_rss_bytes()), options.output_dir, files);
+        summary.finish_seconds, format_bytes(peak_rss_bytes()), options.output_dir, files);
   }
 }
 
@@ -139,6 +141,9 @@ void add_zero_to_fp32_command(CLI::App& app, int& exit_code) {
                 "Leave out params that do not train");
   cmd->add_option("--dtype", o->dtype, "Output dtype: fp32, bf16 or fp16")->capture_default_str();
   cmd->add_option("--threads", o->threads, "Gather/convert threads (0: up to 8)")
+      ->capture_default_str();
+  cmd->add_option("--chunk-size", o->chunk_size,
+                  "Output bytes per work item; threads + 2 of them are in memory")
       ->capture_default_str();
   cmd->add_flag("-q,--quiet", o->quiet, "No progress bar or summary");
   cmd->callback([o, &exit_code] {

@@ -17,7 +17,8 @@ struct ZeroToFp32Options {
   std::string max_shard_size = "5GB";
   bool exclude_frozen = false;
   std::string dtype = "fp32";
-  int threads = 0;  // 0: min(hardware threads, 8)
+  int threads = 0;                  // 0: min(hardware threads, 8)
+  std::string chunk_size = "8MiB";  // output bytes gathered per work item
   bool quiet = false;
 };
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <filesystem>
@@ -262,7 +263,10 @@ class Pipeline {
         }
         if (options_.progress) options_.progress(done, total_bytes_);
       }
+      const auto start = std::chrono::steady_clock::now();
       sink->finish();
+      finish_seconds_ +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
   }
 
@@ -305,6 +309,7 @@ class Pipeline {
 
  public:
   uint64_t total_bytes() const { return total_bytes_; }
+  double finish_seconds() const { return finish_seconds_; }
 
  private:
   const CheckpointPlan& plan_;
@@ -314,6 +319,7 @@ class Pipeline {
   std::vector<std::vector<uint64_t>> starts_;  // per shard: byte offset of each tensor
   std::vector<Chunk> chunks_;
   uint64_t total_bytes_ = 0;
+  double finish_seconds_ = 0;  // the writing thread's time in ShardSink::finish()
   std::vector<std::unique_ptr<uint8_t[]>> buffers_;  // the ring: chunk c fills slot c % size
   std::atomic<size_t> next_chunk_{0};
 
@@ -413,6 +419,7 @@ WriteSummary write_consolidated(const CheckpointPlan& plan, const std::string& o
   summary.aliases = plan.aliases.size();
   for (const PlannedTensor& tensor : plan.tensors) summary.elements += tensor.numel;
   summary.data_bytes = pipeline.total_bytes();
+  summary.finish_seconds = pipeline.finish_seconds();
   return summary;
 }
 

@@ -45,7 +45,7 @@ struct WriteOptions {
   OutputDType dtype = OutputDType::kFloat32;
   uint64_t max_shard_bytes = 5'000'000'000;  // Hugging Face's default "5GB"
   int threads = 4;                           // gather/convert workers (>= 1)
-  uint64_t chunk_bytes = 64ULL << 20;        // output bytes per chunk (rounded to 16)
+  uint64_t chunk_bytes = 8ULL << 20;         // output bytes per chunk (rounded to 16)
   // Called after each chunk is written with the bytes written so far and the total.
   std::function<void(uint64_t done_bytes, uint64_t total_bytes)> progress;
 };
@@ -55,6 +55,7 @@ struct WriteSummary {
   uint64_t aliases = 0;            // alias names recorded
   uint64_t elements = 0;           // elements written
   uint64_t data_bytes = 0;         // tensor bytes written
+  double finish_seconds = 0;       // spent completing the files (mostly fsync: the disk)
   std::vector<std::string> files;  // output file names (shards, then the index if any)
 };
 
