@@ -13,7 +13,9 @@ every output. Disk held at once: the checkpoint plus one output (about 2 x --gb)
 Page cache: a "cold" run first evicts the checkpoint's files from the page cache
 (posix_fadvise DONTNEED on each file, which touches no other file on the machine); a "warm"
 run follows a run that read them. Each round runs zinf cold, the baseline cold, zinf warm and
-the baseline warm, so the ratios compare runs made under the same conditions.
+the baseline warm, so the ratios compare runs made under the same conditions, then measures
+the write floor: the checkpoint's size written sequentially and fsynced (what the disk allows
+any tool whose output is durable).
 """
 
 import argparse
@@ -39,6 +41,24 @@ def evict(paths):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+def write_floor(path, size):
+    """Seconds to write `size` bytes sequentially in 8 MiB blocks and fsync them: what the disk
+    allows any tool that makes its output durable."""
+    block = os.urandom(8 << 20)
+    start = time.monotonic()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        left = size
+        while left > 0:
+            left -= os.write(fd, block[:min(left, len(block))])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    seconds = time.monotonic() - start
+    os.remove(path)
+    return seconds
 
 
 def run(command):
@@ -106,9 +126,19 @@ def main():
                     print(f"round {round_ + 1} {cache:4} {name:8}: {seconds:7.2f} s  "
                           f"peak RSS {rss / 2**30:6.2f} GiB  wrote {written / 1e9:.2f} GB" +
                           f"  (of which fsync {fsync:.2f} s)")
+                    if name == "baseline":
+                        z = results[("zinf", cache)][-1]
+                        print(f"  ratio in this pair: {z[0] / seconds:.3f}x time")
                     if name == "zinf" and round_ == 0 and cache == "cold":
                         print("  " + output.strip().replace("\n", "\n  "))
+            shutil.rmtree(out, ignore_errors=True)
+            os.makedirs(out)
+            floor = write_floor(os.path.join(out, "floor.dat"), size)
+            results.setdefault("floor", []).append(floor)
+            print(f"round {round_ + 1} write floor  : {floor:7.2f} s  ({size / 1e9:.2f} GB written "
+                  f"in 8 MiB blocks and fsynced: {size / floor / 1e9:.2f} GB/s)")
         print()
+        print(f"write floor (fastest round): {min(results['floor']):.2f} s")
         for cache in ("cold", "warm"):
             z = min(results[("zinf", cache)])
             b = min(results[("baseline", cache)])

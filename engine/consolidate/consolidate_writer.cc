@@ -187,6 +187,10 @@ class Pipeline {
     // Buffers no larger than the output; left uninitialized, so untouched pages cost nothing.
     const uint64_t buffer_bytes = std::max<uint64_t>(std::min(chunk_bytes, total_bytes_), 1);
     const size_t slots = static_cast<size_t>(options.threads) + 2;
+    // Inputs are requested kReadaheadBytes of output (at least the ring) ahead of the chunk
+    // being claimed, so a cold page cache is filled while earlier chunks are converted.
+    constexpr uint64_t kReadaheadBytes = 128ULL << 20;
+    lookahead_ = std::max<size_t>(slots, kReadaheadBytes / buffer_bytes);
     for (size_t i = 0; i < slots; ++i) {
       buffers_.emplace_back(new uint8_t[buffer_bytes]);
       ready_.push_back(kNone);
@@ -198,6 +202,7 @@ class Pipeline {
 
   // Runs the workers and writes every shard through `open_sink`; returns when all is written.
   void run(const std::function<std::unique_ptr<ShardSink>(size_t shard)>& open_sink) {
+    for (size_t c = 0; c < std::min(lookahead_, chunks_.size()); ++c) fill(chunks_[c], nullptr);
     std::vector<std::thread> workers;
     for (int i = 0; i < options_.threads; ++i) workers.emplace_back([this] { work(); });
     try {
@@ -224,6 +229,7 @@ class Pipeline {
       for (;;) {
         const size_t c = next_chunk_.fetch_add(1);
         if (c >= chunks_.size()) return;
+        if (c + lookahead_ < chunks_.size()) fill(chunks_[c + lookahead_], nullptr);
         const size_t slot = c % buffers_.size();
         {
           std::unique_lock<std::mutex> lock(mutex_);
@@ -270,7 +276,8 @@ class Pipeline {
     }
   }
 
-  // Gathers and converts the chunk's output bytes into `out`.
+  // Gathers and converts the chunk's output bytes into `out`; with `out` null, only starts
+  // the readahead of the chunk's inputs (MADV_WILLNEED returns once the reads are queued).
   void fill(const Chunk& chunk, uint8_t* out) const {
     const ShardPlan& shard = shards_[chunk.shard];
     const std::vector<uint64_t>& starts = starts_[chunk.shard];
@@ -282,7 +289,7 @@ class Pipeline {
       const uint64_t tensor_end = starts[t] + tensor.numel * element_;
       const uint64_t first = (at - starts[t]) / element_;  // elements of the tensor
       const uint64_t last = (std::min(chunk.end, tensor_end) - starts[t]) / element_;
-      gather(tensor, first, last, out + (at - chunk.begin));
+      gather(tensor, first, last, out == nullptr ? nullptr : out + (at - chunk.begin));
       at = std::min(chunk.end, tensor_end);
     }
   }
@@ -297,10 +304,13 @@ class Pipeline {
       if (lo < hi) {
         const uint64_t in = serialization::dtype_size_bytes(piece.dtype);
         const uint8_t* source = piece.data + (lo - piece_start) * in;
-        advise(source, (hi - lo) * in, MADV_WILLNEED);
-        convert(source, piece.dtype, hi - lo, out, options_.dtype);
-        advise(source, (hi - lo) * in, MADV_DONTNEED);
-        out += (hi - lo) * element_;
+        if (out == nullptr) {
+          advise(source, (hi - lo) * in, MADV_WILLNEED);
+        } else {
+          convert(source, piece.dtype, hi - lo, out, options_.dtype);
+          advise(source, (hi - lo) * in, MADV_DONTNEED);
+          out += (hi - lo) * element_;
+        }
       }
       piece_start = piece_end;
       if (piece_start >= last) break;
@@ -322,6 +332,7 @@ class Pipeline {
   double finish_seconds_ = 0;  // the writing thread's time in ShardSink::finish()
   std::vector<std::unique_ptr<uint8_t[]>> buffers_;  // the ring: chunk c fills slot c % size
   std::atomic<size_t> next_chunk_{0};
+  size_t lookahead_ = 0;  // chunks between the one being claimed and the one prefetched
 
   std::mutex mutex_;
   std::condition_variable changed_;
