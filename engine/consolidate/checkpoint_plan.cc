@@ -70,8 +70,14 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> read_shapes(const Pick
   std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
   for (const serialization::PickleEntry& entry : dict.entries()) {
     std::vector<int64_t> shape = entry.value->as_int_list();
+    uint64_t numel = 1;
     for (const int64_t dim : shape) {
       if (dim < 0) fail(file, key + ": " + name_of(*entry.key, file) + " has a negative size");
+      // Bounded so that element and byte counts (numel x 8) never overflow 64 bits.
+      if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dim), &numel) ||
+          numel > (uint64_t{1} << 60)) {
+        fail(file, key + ": " + name_of(*entry.key, file) + " has more than 2^60 elements");
+      }
     }
     shapes.emplace_back(name_of(*entry.key, file), std::move(shape));
   }

@@ -383,6 +383,11 @@ def _bigger_first_param(state):
     group[name] = torch.Size([group[name].numel() + 40])
 
 
+def _huge_shape(state):
+    group = state["param_shapes"][-1]
+    group[next(iter(group))] = torch.Size([1 << 32, 1 << 32])
+
+
 def _partition_count_three(state):
     state["optimizer_state_dict"]["partition_count"] = [3, 3]
 
@@ -392,6 +397,8 @@ BROKEN = {
                              _shorter_last_flat_group),
     "broken_s2_param_shapes": ("s2_ws2_fp16_frozen_tied", "mp_rank_00_model_states.pt",
                                _bigger_first_param),
+    "broken_s3_huge_shape": ("s3_ws1_fp16", "zero_pp_rank_0_mp_rank_00_model_states.pt",
+                             _huge_shape),
     "broken_s1_partition_count": ("s1_ws2_fp16_frozen", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
                                   _partition_count_three),
 }

@@ -409,6 +409,8 @@ TEST_F(ZeroToFp32Test, MalformedCheckpointsNameTheFileAndTheProblem) {
       {base + "/broken_s2_param_shapes/ckpt", "mp_rank_00_model_states.pt", "needs elements up to"},
       {base + "/broken_s1_partition_count/ckpt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
        "partition_count says 3 ranks but 2 optimizer files were found"},
+      {base + "/broken_s3_huge_shape/ckpt", "zero_pp_rank_0_mp_rank_00_model_states.pt",
+       "has more than 2^60 elements"},
       {base + "/no_such_dir", "no_such_dir", "no such checkpoint folder"},
   };
   for (const Case& c : cases) {
