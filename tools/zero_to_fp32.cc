@@ -113,11 +113,12 @@ void run_zero_to_fp32(const ZeroToFp32Options& options) {
     for (const std::string& file : summary.files) files += (files.empty() ? "" : ", ") + file;
     fmt::print(
         "wrote {} tensors ({} params, {} aliases) as {}: {} in {:.2f} s ({:.2f} GB/s; "
-        "{:.2f} s of it completing the files: fsync), peak RSS {}\n  {}: {}\n",
+        "{:.2f} s of it completing the files: fsync), peak RSS {:.1f} MiB\n  {}: {}\n",
         summary.tensors, summary.elements, summary.aliases, options.dtype,
         format_bytes(summary.data_bytes), seconds,
         seconds > 0 ? static_cast<double>(summary.data_bytes) / seconds / 1e9 : 0.0,
-        summary.finish_seconds, format_bytes(peak_rss_bytes()), options.output_dir, files);
+        summary.finish_seconds, static_cast<double>(peak_rss_bytes()) / (1 << 20),
+        options.output_dir, files);
   }
 }
 

@@ -499,5 +499,26 @@ TEST_F(ZeroToFp32Test, CommandLineWritesShardsAndReportsErrors) {
   EXPECT_NE(run.err.find("--chunk-size"), std::string::npos) << run.err;
 }
 
+// Streaming: a 256 MB checkpoint consolidates with a peak RSS far below its size (the ring of
+// chunks, the parsed pickles and the binary), because consumed input pages are dropped and no
+// tensor is held whole.
+TEST_F(ZeroToFp32Test, PeakMemoryStaysFarBelowTheCheckpointSize) {
+  const std::string big = out_.path() + "/big";
+  const serialization::testing::PythonResult made =
+      run_python(out_.path(), "make_ds_checkpoints.py", file_text(ZINF_DS_FIXTURE_SCRIPT),
+                 {big, "--big", "0.256", "--world-size", "2", "--tensor-mb", "16"});
+  ASSERT_EQ(made.status, 0) << made.output;
+  const zinf::testing::ZinfRun run = zinf::testing::run_zinf(
+      {"zero-to-fp32", big, output("big_out"), "--threads", "2", "--chunk-size", "1MiB"});
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  const size_t at = run.out.find("peak RSS ");
+  ASSERT_NE(at, std::string::npos) << run.out;
+  const double peak_mib = std::stod(run.out.substr(at + 9));
+  const double output_mib =
+      static_cast<double>(fs::file_size(output("big_out") + "/pytorch_model.bin")) / (1 << 20);
+  EXPECT_GT(output_mib, 240.0);
+  EXPECT_LT(peak_mib, 100.0) << run.out;
+}
+
 }  // namespace
 }  // namespace zinf::consolidate
