@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include "tools/commands.h"
+#include "tools/zero_to_fp32.h"
 #ifdef ZINF_WITH_TORCH
 #include "tools/train_commands.h"
 #endif
@@ -17,6 +18,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   zinf::tools::add_io_command(app, exit_code);
   zinf::tools::add_nvme_tune_command(app, exit_code);
+  zinf::tools::add_zero_to_fp32_command(app, exit_code);
 #ifdef ZINF_WITH_TORCH
   zinf::tools::add_train_commands(app, exit_code);
 #endif

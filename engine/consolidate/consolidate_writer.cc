@@ -1,0 +1,437 @@
+#include "engine/consolidate/consolidate_writer.h"
+
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <thread>
+
+#include "engine/serialization/atomic_file.h"
+#include "engine/serialization/safetensors.h"
+#include "engine/serialization/serialization_error.h"
+#include "engine/serialization/torch_archive.h"
+
+namespace zinf::consolidate {
+
+using serialization::PickleDocument;
+using serialization::PickleValue;
+
+namespace {
+
+uint64_t tensor_bytes(const PlannedTensor& tensor, const WriteOptions& options) {
+  return tensor.numel * output_dtype_bytes(options.dtype);
+}
+
+std::string shard_name(OutputFormat format, size_t index, size_t count) {
+  const char* stem = format == OutputFormat::kTorchBin ? "pytorch_model" : "model";
+  const char* ext = format == OutputFormat::kTorchBin ? "bin" : "safetensors";
+  if (count == 1) return fmt::format("{}.{}", stem, ext);
+  return fmt::format("{}-{:05}-of-{:05}.{}", stem, index + 1, count, ext);
+}
+
+std::string aliases_json(const CheckpointPlan& plan) {
+  nlohmann::json aliases = nlohmann::json::object();
+  for (const Alias& alias : plan.aliases) aliases[alias.name] = alias.target;
+  return aliases.dump();
+}
+
+// madvise over the whole pages inside [data, data + bytes); advice is only a hint, so its
+// result is not an error (a range the kernel refuses is simply not advised).
+void advise(const uint8_t* data, uint64_t bytes, int advice) {
+  static const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
+  const auto end = (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
+  if (end > begin) {
+    (void)::madvise(reinterpret_cast<void*>(begin), end - begin, advice);
+  }
+}
+
+// Where a shard's data goes: the format's writer, fed the shard's bytes in order.
+class ShardSink {
+ public:
+  virtual ~ShardSink() = default;
+  virtual void write(std::span<const uint8_t> chunk) = 0;
+  virtual void finish() = 0;
+};
+
+class SafetensorsSink final : public ShardSink {
+ public:
+  SafetensorsSink(const std::string& path, const CheckpointPlan& plan, const ShardPlan& shard,
+                  const WriteOptions& options) {
+    std::vector<serialization::TensorSpec> specs;
+    for (const size_t index : shard.tensors) {
+      const PlannedTensor& tensor = plan.tensors[index];
+      specs.push_back({tensor.name, output_safetensors_dtype(options.dtype),
+                       std::vector<uint64_t>(tensor.shape.begin(), tensor.shape.end())});
+    }
+    std::map<std::string, std::string> metadata = {{"format", "pt"}};
+    if (!plan.aliases.empty()) metadata["aliases"] = aliases_json(plan);
+    writer_ = std::make_unique<serialization::SafetensorsWriter>(path, std::move(specs),
+                                                                 std::move(metadata));
+  }
+  void write(std::span<const uint8_t> chunk) override { writer_->write(chunk); }
+  void finish() override { writer_->finish(); }
+
+ private:
+  std::unique_ptr<serialization::SafetensorsWriter> writer_;
+};
+
+// torch.save layout: data.pkl is an OrderedDict name -> tensor, one storage per tensor (key
+// "0", "1", ...); an alias is the same tensor node again, so it shares the storage.
+class TorchBinSink final : public ShardSink {
+ public:
+  TorchBinSink(const std::string& path, const CheckpointPlan& plan, const ShardPlan& shard,
+               const WriteOptions& options)
+      : writer_(path, std::filesystem::path(path).stem().string()) {
+    PickleDocument document(path);
+    PickleValue* root = document.dict(/*ordered=*/true);
+    std::map<std::string, PickleValue*> nodes;
+    const serialization::TensorDType dtype = output_storage_dtype(options.dtype);
+    for (const size_t index : shard.tensors) {
+      const PlannedTensor& tensor = plan.tensors[index];
+      serialization::TensorRef ref;
+      ref.storage.key = std::to_string(sizes_.size());
+      ref.storage.storage_type = std::string(serialization::storage_type_of(dtype));
+      ref.storage.dtype = dtype;
+      ref.storage.location = "cpu";
+      ref.storage.numel = static_cast<int64_t>(tensor.numel);
+      ref.shape = tensor.shape;
+      ref.stride.assign(tensor.shape.size(), 1);
+      for (size_t d = tensor.shape.size(); d-- > 1;) {
+        ref.stride[d - 1] = ref.stride[d] * std::max<int64_t>(tensor.shape[d], 1);
+      }
+      PickleValue* node = document.tensor(std::move(ref));
+      document.set_item(root, document.string(tensor.name), node);
+      nodes[tensor.name] = node;
+      sizes_.push_back(tensor_bytes(tensor, options));
+    }
+    for (const size_t index : shard.aliases) {
+      const Alias& alias = plan.aliases[index];
+      document.set_item(root, document.string(alias.name), nodes.at(alias.target));
+    }
+    document.set_root(root);
+    writer_.write_pickle(document.root());
+  }
+
+  void write(std::span<const uint8_t> chunk) override {
+    while (!chunk.empty()) {
+      begin_next();
+      const uint64_t take = std::min<uint64_t>(remaining_, chunk.size());
+      writer_.write(chunk.first(take));
+      remaining_ -= take;
+      chunk = chunk.subspan(take);
+    }
+  }
+  void finish() override {
+    begin_next();
+    writer_.finish();
+  }
+
+ private:
+  // Starts the storages of the next tensors while the current one is complete (zero-size
+  // tensors start and end at once).
+  void begin_next() {
+    while (remaining_ == 0 && next_ < sizes_.size()) {
+      writer_.begin_storage(std::to_string(next_), sizes_[next_]);
+      remaining_ = sizes_[next_];
+      ++next_;
+    }
+  }
+
+  serialization::TorchArchiveWriter writer_;
+  std::vector<uint64_t> sizes_;  // bytes of each storage, in order
+  size_t next_ = 0;              // the next storage to begin
+  uint64_t remaining_ = 0;       // bytes the current storage still needs
+};
+
+// A run of output bytes of one shard: [begin, end) of its data stream.
+struct Chunk {
+  size_t shard = 0;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+class Pipeline {
+ public:
+  Pipeline(const CheckpointPlan& plan, const std::vector<ShardPlan>& shards,
+           const WriteOptions& options)
+      : plan_(plan),
+        shards_(shards),
+        options_(options),
+        element_(output_dtype_bytes(options.dtype)) {
+    uint64_t chunk_bytes = std::max<uint64_t>(options.chunk_bytes / 16 * 16, 16);
+    for (size_t s = 0; s < shards.size(); ++s) {
+      std::vector<uint64_t> starts;
+      uint64_t offset = 0;
+      for (const size_t index : shards[s].tensors) {
+        starts.push_back(offset);
+        offset += tensor_bytes(plan.tensors[index], options);
+      }
+      starts_.push_back(std::move(starts));
+      for (uint64_t begin = 0; begin < offset; begin += chunk_bytes) {
+        chunks_.push_back(Chunk{s, begin, std::min(offset, begin + chunk_bytes)});
+      }
+      total_bytes_ += offset;
+    }
+    // Buffers no larger than the output; left uninitialized, so untouched pages cost nothing.
+    const uint64_t buffer_bytes = std::max<uint64_t>(std::min(chunk_bytes, total_bytes_), 1);
+    const size_t slots = static_cast<size_t>(options.threads) + 2;
+    // Inputs are requested kReadaheadBytes of output (at least the ring) ahead of the chunk
+    // being claimed, so a cold page cache is filled while earlier chunks are converted.
+    constexpr uint64_t kReadaheadBytes = 128ULL << 20;
+    lookahead_ = std::max<size_t>(slots, kReadaheadBytes / buffer_bytes);
+    for (size_t i = 0; i < slots; ++i) {
+      buffers_.emplace_back(new uint8_t[buffer_bytes]);
+      ready_.push_back(kNone);
+    }
+  }
+
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  // Runs the workers and writes every shard through `open_sink`; returns when all is written.
+  void run(const std::function<std::unique_ptr<ShardSink>(size_t shard)>& open_sink) {
+    for (size_t c = 0; c < std::min(lookahead_, chunks_.size()); ++c) fill(chunks_[c], nullptr);
+    std::vector<std::thread> workers;
+    for (int i = 0; i < options_.threads; ++i) workers.emplace_back([this] { work(); });
+    try {
+      write_all(open_sink);
+    } catch (...) {
+      stop(std::current_exception());
+    }
+    for (std::thread& worker : workers) worker.join();
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  static constexpr size_t kNone = static_cast<size_t>(-1);
+
+  void stop(std::exception_ptr error) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!error_) error_ = std::move(error);
+    stopped_ = true;
+    changed_.notify_all();
+  }
+
+  void work() {
+    try {
+      for (;;) {
+        const size_t c = next_chunk_.fetch_add(1);
+        if (c >= chunks_.size()) return;
+        if (c + lookahead_ < chunks_.size()) fill(chunks_[c + lookahead_], nullptr);
+        const size_t slot = c % buffers_.size();
+        {
+          std::unique_lock<std::mutex> lock(mutex_);
+          changed_.wait(lock, [&] { return stopped_ || c < written_ + buffers_.size(); });
+          if (stopped_) return;
+        }
+        fill(chunks_[c], buffers_[slot].get());
+        std::lock_guard<std::mutex> lock(mutex_);
+        ready_[slot] = c;
+        changed_.notify_all();
+      }
+    } catch (...) {
+      stop(std::current_exception());
+    }
+  }
+
+  void write_all(const std::function<std::unique_ptr<ShardSink>(size_t shard)>& open_sink) {
+    size_t c = 0;
+    uint64_t done = 0;
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      std::unique_ptr<ShardSink> sink = open_sink(s);
+      for (; c < chunks_.size() && chunks_[c].shard == s; ++c) {
+        const size_t slot = c % buffers_.size();
+        {
+          std::unique_lock<std::mutex> lock(mutex_);
+          changed_.wait(lock, [&] { return stopped_ || ready_[slot] == c; });
+          if (stopped_) return;
+        }
+        const Chunk& chunk = chunks_[c];
+        sink->write({buffers_[slot].get(), static_cast<size_t>(chunk.end - chunk.begin)});
+        done += chunk.end - chunk.begin;
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          ready_[slot] = kNone;
+          ++written_;
+          changed_.notify_all();
+        }
+        if (options_.progress) options_.progress(done, total_bytes_);
+      }
+      const auto start = std::chrono::steady_clock::now();
+      sink->finish();
+      finish_seconds_ +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+  }
+
+  // Gathers and converts the chunk's output bytes into `out`; with `out` null, only starts
+  // the readahead of the chunk's inputs (MADV_WILLNEED returns once the reads are queued).
+  void fill(const Chunk& chunk, uint8_t* out) const {
+    const ShardPlan& shard = shards_[chunk.shard];
+    const std::vector<uint64_t>& starts = starts_[chunk.shard];
+    size_t t = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), chunk.begin) -
+                                   starts.begin()) -
+               1;
+    for (uint64_t at = chunk.begin; at < chunk.end; ++t) {
+      const PlannedTensor& tensor = plan_.tensors[shard.tensors[t]];
+      const uint64_t tensor_end = starts[t] + tensor.numel * element_;
+      const uint64_t first = (at - starts[t]) / element_;  // elements of the tensor
+      const uint64_t last = (std::min(chunk.end, tensor_end) - starts[t]) / element_;
+      gather(tensor, first, last, out == nullptr ? nullptr : out + (at - chunk.begin));
+      at = std::min(chunk.end, tensor_end);
+    }
+  }
+
+  // Elements [first, last) of `tensor` to `out`.
+  void gather(const PlannedTensor& tensor, uint64_t first, uint64_t last, uint8_t* out) const {
+    uint64_t piece_start = 0;
+    for (const Piece& piece : tensor.pieces) {
+      const uint64_t piece_end = piece_start + piece.numel;
+      const uint64_t lo = std::max(first, piece_start);
+      const uint64_t hi = std::min(last, piece_end);
+      if (lo < hi) {
+        const uint64_t in = serialization::dtype_size_bytes(piece.dtype);
+        const uint8_t* source = piece.data + (lo - piece_start) * in;
+        if (out == nullptr) {
+          advise(source, (hi - lo) * in, MADV_WILLNEED);
+        } else {
+          convert(source, piece.dtype, hi - lo, out, options_.dtype);
+          advise(source, (hi - lo) * in, MADV_DONTNEED);
+          out += (hi - lo) * element_;
+        }
+      }
+      piece_start = piece_end;
+      if (piece_start >= last) break;
+    }
+  }
+
+ public:
+  uint64_t total_bytes() const { return total_bytes_; }
+  double finish_seconds() const { return finish_seconds_; }
+
+ private:
+  const CheckpointPlan& plan_;
+  const std::vector<ShardPlan>& shards_;
+  const WriteOptions& options_;
+  const uint64_t element_;
+  std::vector<std::vector<uint64_t>> starts_;  // per shard: byte offset of each tensor
+  std::vector<Chunk> chunks_;
+  uint64_t total_bytes_ = 0;
+  double finish_seconds_ = 0;  // the writing thread's time in ShardSink::finish()
+  std::vector<std::unique_ptr<uint8_t[]>> buffers_;  // the ring: chunk c fills slot c % size
+  std::atomic<size_t> next_chunk_{0};
+  size_t lookahead_ = 0;  // chunks between the one being claimed and the one prefetched
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<size_t> ready_;  // guarded by mutex_: the chunk each slot holds, or kNone
+  size_t written_ = 0;         // guarded by mutex_: chunks written
+  bool stopped_ = false;       // guarded by mutex_
+  std::exception_ptr error_;   // guarded by mutex_
+};
+
+void write_index(const std::string& output_dir, const CheckpointPlan& plan,
+                 const std::vector<ShardPlan>& shards, const std::string& index_name) {
+  nlohmann::json index;
+  uint64_t total = 0;
+  index["weight_map"] = nlohmann::json::object();
+  for (const ShardPlan& shard : shards) {
+    total += shard.data_bytes;
+    for (const size_t t : shard.tensors)
+      index["weight_map"][plan.tensors[t].name] = shard.file_name;
+    for (const size_t a : shard.aliases)
+      index["weight_map"][plan.aliases[a].name] = shard.file_name;
+  }
+  index["metadata"]["total_size"] = total;
+  const std::string text = index.dump(2) + "\n";
+  serialization::AtomicFile file((std::filesystem::path(output_dir) / index_name).string());
+  file.append({reinterpret_cast<const uint8_t*>(text.data()), text.size()});
+  file.commit();
+}
+
+}  // namespace
+
+std::vector<ShardPlan> plan_shards(const CheckpointPlan& plan, const WriteOptions& options) {
+  std::vector<ShardPlan> shards;
+  ShardPlan current;
+  std::map<std::string, size_t> tensor_index;
+  for (size_t t = 0; t < plan.tensors.size(); ++t) {
+    const uint64_t bytes = tensor_bytes(plan.tensors[t], options);
+    tensor_index[plan.tensors[t].name] = t;
+    if (bytes > options.max_shard_bytes) {
+      shards.push_back(ShardPlan{{}, {t}, {}, bytes});
+      continue;
+    }
+    if (current.data_bytes + bytes > options.max_shard_bytes && !current.tensors.empty()) {
+      shards.push_back(std::move(current));
+      current = ShardPlan{};
+    }
+    current.tensors.push_back(t);
+    current.data_bytes += bytes;
+  }
+  if (!current.tensors.empty() || shards.empty()) shards.push_back(std::move(current));
+  for (size_t s = 0; s < shards.size(); ++s) {
+    shards[s].file_name = shard_name(options.format, s, shards.size());
+  }
+  if (options.format == OutputFormat::kTorchBin) {
+    for (size_t a = 0; a < plan.aliases.size(); ++a) {
+      const size_t target = tensor_index.at(plan.aliases[a].target);
+      for (ShardPlan& shard : shards) {
+        if (std::find(shard.tensors.begin(), shard.tensors.end(), target) != shard.tensors.end()) {
+          shard.aliases.push_back(a);
+        }
+      }
+    }
+  }
+  return shards;
+}
+
+WriteSummary write_consolidated(const CheckpointPlan& plan, const std::string& output_dir,
+                                const WriteOptions& options) {
+  if (options.threads < 1) throw std::invalid_argument("threads must be at least 1");
+  if (options.max_shard_bytes == 0) throw std::invalid_argument("max shard size must be > 0");
+  std::error_code ec;
+  std::filesystem::create_directories(output_dir, ec);
+  if (ec) {
+    throw serialization::SerializationError(output_dir, serialization::kNoOffset,
+                                            "cannot create the output folder: " + ec.message());
+  }
+  const std::vector<ShardPlan> shards = plan_shards(plan, options);
+  Pipeline pipeline(plan, shards, options);
+  pipeline.run([&](size_t s) -> std::unique_ptr<ShardSink> {
+    const std::string path = (std::filesystem::path(output_dir) / shards[s].file_name).string();
+    if (options.format == OutputFormat::kTorchBin) {
+      return std::make_unique<TorchBinSink>(path, plan, shards[s], options);
+    }
+    return std::make_unique<SafetensorsSink>(path, plan, shards[s], options);
+  });
+  WriteSummary summary;
+  for (const ShardPlan& shard : shards) summary.files.push_back(shard.file_name);
+  if (shards.size() > 1) {
+    const std::string index_name = options.format == OutputFormat::kTorchBin
+                                       ? "pytorch_model.bin.index.json"
+                                       : "model.safetensors.index.json";
+    write_index(output_dir, plan, shards, index_name);
+    summary.files.push_back(index_name);
+  }
+  summary.tensors = plan.tensors.size();
+  summary.aliases = plan.aliases.size();
+  for (const PlannedTensor& tensor : plan.tensors) summary.elements += tensor.numel;
+  summary.data_bytes = pipeline.total_bytes();
+  summary.finish_seconds = pipeline.finish_seconds();
+  return summary;
+}
+
+}  // namespace zinf::consolidate
