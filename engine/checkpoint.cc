@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -328,18 +329,35 @@ std::vector<StateName> optimizer_states(offload::OptimizerSwapper& sw, const std
 }
 
 // Streams partition array `state` into the archive, sub-group by sub-group: unit u's storage
-// under keys[u]. Returns the bytes written.
+// under keys[u]. The next sub-group is read (on another thread; the swapper sees one call at
+// a time) while this one is written, so the save runs at the slower of the two rates rather
+// than their sum. Two sub-group buffers are held. Returns the bytes written.
 uint64_t stream_out(offload::OptimizerSwapper& sw, OptimizerState state,
                     const zero::PartitionLayout& layout, const std::vector<Unit>& units,
                     const std::vector<std::string>& keys, ser::TorchArchiveWriter& writer,
-                    std::vector<float>& buffer) {
+                    std::vector<float> (&buffers)[2]) {
+  const auto& groups = layout.sub_groups();
+  auto read = [&](size_t g) {
+    std::vector<float>& b = buffers[g % 2];
+    b.resize(groups[g].numel);
+    sw.read_sub_group(state, g, b.data());
+  };
+  std::future<void> next;
+  // The reader uses a buffer this frame owns: it must end before any exception leaves.
+  struct Drain {
+    std::future<void>& f;
+    ~Drain() {
+      if (f.valid()) f.wait();
+    }
+  } drain{next};
   size_t u = 0;
   uint64_t done = 0;  // of unit u
   uint64_t bytes = 0;
-  const auto& groups = layout.sub_groups();
+  if (!groups.empty()) read(0);
   for (size_t g = 0; g < groups.size(); ++g) {
-    buffer.resize(groups[g].numel);
-    sw.read_sub_group(state, g, buffer.data());
+    if (next.valid()) next.get();
+    if (g + 1 < groups.size()) next = std::async(std::launch::async, read, g + 1);
+    const std::vector<float>& buffer = buffers[g % 2];
     uint64_t pos = groups[g].offset;
     const uint64_t end = groups[g].offset + groups[g].numel;
     while (pos < end && u < units.size()) {
@@ -632,10 +650,10 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
     return d;
   };
   auto stream_partition = [&](ser::TorchArchiveWriter& writer) {
-    std::vector<float> buffer;
-    stream_out(sw, OptimizerState::kParams, layout, units, keys[0], writer, buffer);
+    std::vector<float> buffers[2];
+    stream_out(sw, OptimizerState::kParams, layout, units, keys[0], writer, buffers);
     for (size_t a = 0; a < states.size(); ++a) {
-      stream_out(sw, states[a].state, layout, units, keys[1 + a], writer, buffer);
+      stream_out(sw, states[a].state, layout, units, keys[1 + a], writer, buffers);
     }
   };
 

@@ -261,7 +261,10 @@ TEST(CheckpointKill, AKilledSaveLeavesLatestLoadableAndThePreviousIntact) {
     std::string latest;
     std::ifstream(fs::path(dir.path()) / "latest") >> latest;
     const std::string tag = trial % 2 == 0 ? "trial" + std::to_string(trial) : latest;
-    const int64_t kill_at = std::uniform_int_distribution<int64_t>(1, points + 1)(rng);
+    // Half the trials anywhere in the save (mostly while the states stream), half among its
+    // last crash points: the renames and `latest`, where the protocol matters most.
+    const int64_t first = trial % 4 < 2 ? 1 : std::max<int64_t>(1, points - 5);
+    const int64_t kill_at = std::uniform_int_distribution<int64_t>(first, points + 1)(rng);
     SCOPED_TRACE("trial " + std::to_string(trial) + ", tag " + tag + ", kill at crash point " +
                  std::to_string(kill_at) + " of " + std::to_string(points));
     ::zinf::testing::RanksOptions ro;
@@ -282,13 +285,14 @@ TEST(CheckpointKill, AKilledSaveLeavesLatestLoadableAndThePreviousIntact) {
     } else {
       ASSERT_TRUE(r.passed()) << ::zinf::testing::describe(r);
     }
-    // `latest` names a complete checkpoint: it loads, and holds one step more than the one
-    // the child started from when the save got through.
+    // `latest` names a complete checkpoint: it loads.
     std::string now;
     std::ifstream(fs::path(dir.path()) / "latest") >> now;
-    Trainer check(o, 5);
-    const CheckpointReport loaded = check.load(dir.path());
-    EXPECT_EQ(loaded.tag, now);
+    {
+      Trainer check(o, 5);  // one engine at a time: they share the swap folder
+      const CheckpointReport loaded = check.load(dir.path());
+      EXPECT_EQ(loaded.tag, now);
+    }
     // The checkpoint the child started from is intact unless the save replaced it whole.
     if (now != latest) {
       Trainer previous(o, 5);
