@@ -138,58 +138,28 @@ std::string read_latest(const fs::path& root) {
   return tag;
 }
 
+// torch dtypes and the storage dtypes of the files, one table for both directions.
+constexpr std::pair<at::ScalarType, ser::TensorDType> kDTypes[] = {
+    {at::kFloat, ser::TensorDType::kFloat32},     {at::kDouble, ser::TensorDType::kFloat64},
+    {at::kBFloat16, ser::TensorDType::kBFloat16}, {at::kHalf, ser::TensorDType::kFloat16},
+    {at::kLong, ser::TensorDType::kInt64},        {at::kInt, ser::TensorDType::kInt32},
+    {at::kShort, ser::TensorDType::kInt16},       {at::kChar, ser::TensorDType::kInt8},
+    {at::kByte, ser::TensorDType::kUInt8},        {at::kBool, ser::TensorDType::kBool},
+};
+
 ser::TensorDType tensor_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return ser::TensorDType::kFloat32;
-    case at::kDouble:
-      return ser::TensorDType::kFloat64;
-    case at::kBFloat16:
-      return ser::TensorDType::kBFloat16;
-    case at::kHalf:
-      return ser::TensorDType::kFloat16;
-    case at::kLong:
-      return ser::TensorDType::kInt64;
-    case at::kInt:
-      return ser::TensorDType::kInt32;
-    case at::kShort:
-      return ser::TensorDType::kInt16;
-    case at::kChar:
-      return ser::TensorDType::kInt8;
-    case at::kByte:
-      return ser::TensorDType::kUInt8;
-    case at::kBool:
-      return ser::TensorDType::kBool;
-    default:
-      throw EngineError(fmt::format("checkpoint: tensors of {} cannot be saved", c10::toString(t)));
+  for (const auto& [scalar, stored] : kDTypes) {
+    if (scalar == t) return stored;
   }
+  throw EngineError(fmt::format("checkpoint: tensors of {} cannot be saved", c10::toString(t)));
 }
 
 at::ScalarType scalar_of(ser::TensorDType d, const std::string& file) {
-  switch (d) {
-    case ser::TensorDType::kFloat32:
-      return at::kFloat;
-    case ser::TensorDType::kFloat64:
-      return at::kDouble;
-    case ser::TensorDType::kBFloat16:
-      return at::kBFloat16;
-    case ser::TensorDType::kFloat16:
-      return at::kHalf;
-    case ser::TensorDType::kInt64:
-      return at::kLong;
-    case ser::TensorDType::kInt32:
-      return at::kInt;
-    case ser::TensorDType::kInt16:
-      return at::kShort;
-    case ser::TensorDType::kInt8:
-      return at::kChar;
-    case ser::TensorDType::kUInt8:
-      return at::kByte;
-    case ser::TensorDType::kBool:
-      return at::kBool;
-    default:
-      throw EngineError(fmt::format("{}: a tensor of an unsupported dtype", file));
+  for (const auto& [scalar, stored] : kDTypes) {
+    if (stored == d) return scalar;
   }
+  throw EngineError(
+      fmt::format("{}: a tensor of {}, which this engine does not load", file, ser::dtype_name(d)));
 }
 
 zero::DType comm_dtype(at::ScalarType t, const std::string& file) {
@@ -327,6 +297,26 @@ std::vector<StateName> optimizer_states(offload::OptimizerSwapper& sw, const std
   }
   return out;
 }
+
+// What save and load both walk: the rank's partition, its arrays and units, and the
+// trainable parameters in layout order.
+struct PartitionView {
+  PartitionView(zero::ZeroModel& model, const std::string& optimizer_type)
+      : layout(model.layout()),
+        swapper(model.optimizer().swapper()),
+        states(optimizer_states(swapper, optimizer_type)),
+        units(partition_units(layout, model.stage())),
+        trainable(layout.param_count()) {
+    for (const auto& p : model.params()) {
+      if (p.trainable) trainable[static_cast<size_t>(p.layout_index)] = &p;
+    }
+  }
+  const zero::PartitionLayout& layout;
+  offload::OptimizerSwapper& swapper;
+  std::vector<StateName> states;
+  std::vector<Unit> units;
+  std::vector<const zero::ZeroModel::Param*> trainable;
+};
 
 // Streams partition array `state` into the archive, sub-group by sub-group: unit u's storage
 // under keys[u]. The next sub-group is read (on another thread; the swapper sees one call at
@@ -530,14 +520,12 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
   const bool bf16 = options_.zero.precision == zero::Precision::kBFloat16;
   const at::ScalarType dtype = zero::detail::scalar_type(model_->compute_dtype());
   const auto& params = model_->params();
-  const zero::PartitionLayout& layout = model_->layout();
-  offload::OptimizerSwapper& sw = model_->optimizer().swapper();
-  const std::vector<StateName> states = optimizer_states(sw, options_.optimizer.type);
-  const std::vector<Unit> units = partition_units(layout, stage);
-  std::vector<const zero::ZeroModel::Param*> trainable(layout.param_count());
-  for (const auto& p : params) {
-    if (p.trainable) trainable[static_cast<size_t>(p.layout_index)] = &p;
-  }
+  const PartitionView view(*model_, options_.optimizer.type);
+  const zero::PartitionLayout& layout = view.layout;
+  offload::OptimizerSwapper& sw = view.swapper;
+  const std::vector<StateName>& states = view.states;
+  const std::vector<Unit>& units = view.units;
+  const std::vector<const zero::ZeroModel::Param*>& trainable = view.trainable;
 
   if (rank == 0) {
     std::error_code ec;
@@ -864,14 +852,12 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
   const int stage = model_->stage();
   const bool bf16 = options_.zero.precision == zero::Precision::kBFloat16;
   const auto& params = model_->params();
-  const zero::PartitionLayout& layout = model_->layout();
-  offload::OptimizerSwapper& sw = model_->optimizer().swapper();
-  const std::vector<StateName> states = optimizer_states(sw, options_.optimizer.type);
-  const std::vector<Unit> units = partition_units(layout, stage);
-  std::vector<const zero::ZeroModel::Param*> trainable(layout.param_count());
-  for (const auto& p : params) {
-    if (p.trainable) trainable[static_cast<size_t>(p.layout_index)] = &p;
-  }
+  const PartitionView view(*model_, options_.optimizer.type);
+  const zero::PartitionLayout& layout = view.layout;
+  offload::OptimizerSwapper& sw = view.swapper;
+  const std::vector<StateName>& states = view.states;
+  const std::vector<Unit>& units = view.units;
+  const std::vector<const zero::ZeroModel::Param*>& trainable = view.trainable;
 
   // ---- the model-states file: does the checkpoint fit this run? ------------------------------
   const fs::path model_path = folder / model_states_file(stage, rank);
