@@ -81,7 +81,8 @@ struct Trainer {
   int64_t index = 0;  // this rank's next micro-batch
 
   Trainer(const EngineOptions& o, uint64_t seed, const LlamaConfig& config = tiny())
-      : model(std::make_shared<LlamaModelImpl>(config)) {
+      : model(std::make_shared<LlamaModelImpl>(
+            config, o.zero.precision == zero::Precision::kBFloat16 ? at::kBFloat16 : at::kFloat)) {
     engine = std::make_unique<Engine>(model, o, [seed](const std::string& name, at::Tensor& full) {
       init_parameter(seed, name, full);
     });
@@ -148,6 +149,16 @@ TEST(CheckpointResume, Stage3WithParamsAndOptimizerOnNvme) {
   // Several sub-groups, so the files were streamed in pieces.
   Trainer probe(o, 7);
   EXPECT_GT(probe.engine->zero_model().layout().sub_groups().size(), 3u);
+}
+
+TEST(CheckpointResume, Bf16AtStage3) {
+  ::zinf::testing::TempDir dir;
+  EngineOptions o = options_for(3);
+  o.zero.precision = zero::Precision::kBFloat16;
+  o.zero.sub_group_size = 7000;
+  expect_resume_parity(o, dir.path());
+  EXPECT_TRUE(fs::exists(fs::path(dir.path()) / "global_step3" /
+                         "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"));
 }
 
 TEST(CheckpointResume, RestoresTheRngState) {

@@ -101,5 +101,31 @@ TEST(CliCheckpoint, SaveThenLoadContinuesWithTheUninterruptedLosses) {
   EXPECT_EQ(third.at(3), want.at(3));
 }
 
+// Ctrl-C stops at a step boundary and saves there; --load continues from that step.
+TEST(CliCheckpoint, CtrlCSavesAtTheStepBoundary) {
+  TempDir dir, swap, ckpt;
+  ASSERT_TRUE(dir.ok() && swap.ok() && ckpt.ok());
+  const std::string config = dir.path() + "/config.json";
+  std::ofstream(config) << kConfig;
+  ZinfRun run = run_zinf(
+      {"train", "--config", config, "--model", "tiny", "--steps", "100000", "--threads", "2",
+       "--nvme-path", swap.path(), "--plot", "", "--save", ckpt.path()},
+      [](const std::string& out) { return out.find("step 2 |") != out.npos; }, SIGINT, 300);
+  ASSERT_TRUE(run.signal_sent) << run.out << run.err;
+  EXPECT_EQ(run.exit_code, 130) << run.out << run.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(run.out, m, std::regex("stopped at the boundary of step ([0-9]+)")))
+      << run.out;
+  const std::string tag = "global_step" + std::string(m[1]);
+  EXPECT_NE(run.out.find("checkpoint saved: " + ckpt.path() + "/" + tag), std::string::npos)
+      << run.out;
+  std::string latest;
+  std::ifstream(ckpt.path() + "/latest") >> latest;
+  EXPECT_EQ(latest, tag);
+  const ZinfRun resumed = train(config, swap.path(), std::stoi(m[1]) + 1, {"--load", ckpt.path()});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  EXPECT_EQ(loss_lines(resumed.out).size(), 1u) << resumed.out;
+}
+
 }  // namespace
 }  // namespace zinf::tools
