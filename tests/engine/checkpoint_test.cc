@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "engine/engine.h"
 #include "engine/model/llama.h"
 #include "engine/serialization/serialization_error.h"
+#include "engine/serialization/torch_archive.h"
 #include "tests/common/multi_process.h"
 #include "tests/common/seed.h"
 #include "tests/common/temp_dir.h"
@@ -80,9 +82,12 @@ struct Trainer {
   std::unique_ptr<Engine> engine;
   int64_t index = 0;  // this rank's next micro-batch
 
-  Trainer(const EngineOptions& o, uint64_t seed, const LlamaConfig& config = tiny())
+  // `prepare` runs on the model before the engine takes it (to freeze parameters).
+  Trainer(const EngineOptions& o, uint64_t seed, const LlamaConfig& config = tiny(),
+          const std::function<void(LlamaModelImpl&)>& prepare = {})
       : model(std::make_shared<LlamaModelImpl>(
             config, o.zero.precision == zero::Precision::kBFloat16 ? at::kBFloat16 : at::kFloat)) {
+    if (prepare) prepare(*model);
     engine = std::make_unique<Engine>(model, o, [seed](const std::string& name, at::Tensor& full) {
       init_parameter(seed, name, full);
     });
@@ -113,16 +118,24 @@ struct Trainer {
 };
 
 // Losses of steps 4-6 after resuming from a step-3 checkpoint equal the uninterrupted run's.
-void expect_resume_parity(const EngineOptions& o, const std::string& dir) {
-  const std::vector<double> want = Trainer(o, 7).train(6);
+// `prepare(model, seed)` runs on each model before its engine is made.
+void expect_resume_parity(
+    const EngineOptions& o, const std::string& dir, const LlamaConfig& config = tiny(),
+    const std::function<void(LlamaModelImpl&, uint64_t)>& prepare = [](LlamaModelImpl&, uint64_t) {
+    }) {
+  auto with = [&](uint64_t seed) {
+    return [&prepare, seed](LlamaModelImpl& m) { prepare(m, seed); };
+  };
+  const std::vector<double> want = Trainer(o, 7, config, with(7)).train(6);
   {
-    Trainer first(o, 7);
+    Trainer first(o, 7, config, with(7));
     first.train(3);
     const CheckpointReport saved = first.save(dir);
     EXPECT_EQ(saved.tag, "global_step3");
     EXPECT_GT(saved.bytes, 0u);
   }
-  Trainer resumed(o, 99);  // other initial weights: everything must come from the checkpoint
+  // Other initial weights: everything must come from the checkpoint.
+  Trainer resumed(o, 99, config, with(99));
   const CheckpointReport loaded = resumed.load(dir);
   EXPECT_EQ(loaded.tag, "global_step3");
   EXPECT_EQ(std::get<std::string>(loaded.client_state.at("note")), "resume");
@@ -149,6 +162,33 @@ TEST(CheckpointResume, Stage3WithParamsAndOptimizerOnNvme) {
   // Several sub-groups, so the files were streamed in pieces.
   Trainer probe(o, 7);
   EXPECT_GT(probe.engine->zero_model().layout().sub_groups().size(), 3u);
+}
+
+// Tied embeddings (lm_head.weight is embed_tokens.weight) and a frozen parameter: the frozen
+// values come back from the checkpoint (the resumed model starts from other ones), the alias
+// is recorded in shared_params, the frozen shape and values in frozen_param_*.
+TEST(CheckpointResume, TiedAndFrozenParameters) {
+  LlamaConfig c = tiny();
+  c.tie_embeddings = true;
+  auto freeze = [](LlamaModelImpl& m, uint64_t seed) {
+    m.initialize(seed);
+    m.named_parameters()["model.layers.1.mlp.up_proj.weight"].set_requires_grad(false);
+  };
+  for (int stage : {2, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    ::zinf::testing::TempDir dir;
+    expect_resume_parity(options_for(stage), dir.path(), c, freeze);
+    const auto archive = serialization::TorchArchive::open(
+        (fs::path(dir.path()) / "global_step3" / model_states_file(stage, 0)).string());
+    const auto& root = archive.root();
+    EXPECT_EQ(root.at("shared_params").at("lm_head.weight").as_string(),
+              "model.embed_tokens.weight");
+    const char* frozen = "model.layers.1.mlp.up_proj.weight";
+    EXPECT_EQ(root.at("frozen_param_shapes").at(frozen).as_int_list(),
+              (std::vector<int64_t>{c.intermediate_size, c.hidden_size}));
+    EXPECT_EQ(root.at("frozen_param_fragments").at(frozen).tensor().numel(),
+              c.intermediate_size * c.hidden_size);
+  }
 }
 
 TEST(CheckpointResume, Bf16AtStage3) {
@@ -256,15 +296,21 @@ TEST(CheckpointKill, AKilledSaveLeavesLatestLoadableAndThePreviousIntact) {
   std::mt19937_64 rng(seed);
   ::zinf::testing::TempDir swap, dir;
   const EngineOptions o = options_for(3, swap.path());
-  int64_t points = 0;
+  // Crash points of a save to a new tag, and of one over an existing tag (one more: after the
+  // exchange).
+  int64_t points_new = 0, points_over = 0;
   {
     Trainer run(o, 7);
     run.train(2);
-    const int64_t before = checkpoint_crash_points_passed();
+    int64_t before = checkpoint_crash_points_passed();
     run.save(dir.path());  // global_step2
-    points = checkpoint_crash_points_passed() - before;
+    points_new = checkpoint_crash_points_passed() - before;
+    before = checkpoint_crash_points_passed();
+    run.save(dir.path());  // global_step2 again, the same states
+    points_over = checkpoint_crash_points_passed() - before;
   }
-  ASSERT_GT(points, 10);
+  ASSERT_GT(points_new, 10);
+  ASSERT_EQ(points_over, points_new + 1);
   constexpr int kTrials = 20;
   int killed = 0;
   for (int trial = 0; trial < kTrials; ++trial) {
@@ -272,6 +318,7 @@ TEST(CheckpointKill, AKilledSaveLeavesLatestLoadableAndThePreviousIntact) {
     std::string latest;
     std::ifstream(fs::path(dir.path()) / "latest") >> latest;
     const std::string tag = trial % 2 == 0 ? "trial" + std::to_string(trial) : latest;
+    const int64_t points = trial % 2 == 0 ? points_new : points_over;
     // Half the trials anywhere in the save (mostly while the states stream), half among its
     // last crash points: the renames and `latest`, where the protocol matters most.
     const int64_t first = trial % 4 < 2 ? 1 : std::max<int64_t>(1, points - 5);
