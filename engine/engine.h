@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/checkpoint.h"
 #include "engine/memory_plan.h"
 #include "offload/accelerator.h"
 #include "optimizer_cpu/optimizer.h"
@@ -87,6 +88,10 @@ struct EngineOptions {
   zero::LaunchEnv launch;  // detect_launch_env() by default
   int threads = 0;         // compute threads; 0: keep LibTorch's setting
 
+  // zero_optimization.stage3_gather_16bit_weights_on_model_save: save_checkpoint also writes
+  // the whole model's compute-precision weights as pytorch_model.bin.
+  bool gather_16bit_weights_on_model_save = false;
+
   std::function<void(const MonitorEvent&)> monitor;  // rank 0 only
   std::function<void(const std::string&)> log;       // every printed line (rank 0)
 };
@@ -138,6 +143,17 @@ class Engine {
   StepReport train_batch(const std::function<torch::Tensor(int micro_batch)>& compute);
   // Forward without backward (evaluation): stage 3 fetches on demand.
   torch::Tensor evaluate(const std::function<torch::Tensor()>& compute);
+
+  // ---- checkpoints (engine/checkpoint.h) ----------------------------------------------------
+  // Collective, at a step boundary: writes the checkpoint `tag` (default
+  // "global_step<global_steps()>") under `dir` and points `dir`/latest at it.
+  CheckpointReport save_checkpoint(const std::string& dir, const std::string& tag = {},
+                                   const ClientState& client_state = {});
+  // Collective, at a step boundary: restores the checkpoint `tag` (default: `dir`/latest) —
+  // weights, optimizer states, LR schedule position, loss scale, step counters, RNG state —
+  // and returns its client state. Refuses a checkpoint of another world size, stage, model
+  // or optimizer (EngineError naming the file and the difference).
+  CheckpointReport load_checkpoint(const std::string& dir, const std::string& tag = {});
 
   // ---- state ---------------------------------------------------------------------------------
   [[nodiscard]] const StepReport& report() const noexcept { return report_; }

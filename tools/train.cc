@@ -14,6 +14,7 @@
 #include <numeric>
 #include <thread>
 
+#include "engine/checkpoint.h"
 #include "engine/config/resolve.h"
 #include "engine/csv_monitor.h"
 #include "engine/data/data.h"
@@ -237,6 +238,10 @@ int run_train(const TrainArgs& args) {
     const uint64_t states = params * kStateBytesPerParam;
     const int64_t steps = args.steps.value_or(kDefaultSteps);
     if (steps < 1) throw std::invalid_argument(fmt::format("--steps {} must be >= 1", steps));
+    if (args.save_interval < 0) {
+      throw std::invalid_argument(
+          fmt::format("--save-interval {} must be >= 0", args.save_interval));
+    }
 
     // ---- config ------------------------------------------------------------------------------
     std::optional<TempFolder> swap;
@@ -348,6 +353,25 @@ int run_train(const TrainArgs& args) {
     std::vector<double> losses, tokens_per_s;
     std::vector<int64_t> inputs, targets;
     int64_t step = 0;
+    if (!args.load.empty()) {
+      const engine::CheckpointReport r = eng.load_checkpoint(args.load, args.tag);
+      const auto position = r.client_state.find("data_position");
+      if (position != r.client_state.end()) {
+        loader.seek(std::get<int64_t>(position->second));
+      }
+      step = eng.global_steps();
+      say(fmt::format("checkpoint loaded: {} (step {}; {} in {:.2f} s, {:.2f} GB/s)", r.path, step,
+                      engine::format_bytes(r.bytes), r.seconds, r.gb_per_second()));
+    }
+    int64_t saved_step = -1;
+    auto save = [&] {
+      const engine::CheckpointReport r =
+          eng.save_checkpoint(args.save, {}, {{"data_position", loader.global_position()}});
+      saved_step = step;
+      if (lead)
+        progress.print(fmt::format("checkpoint saved: {} ({} in {:.2f} s, {:.2f} GB/s)", r.path,
+                                   engine::format_bytes(r.bytes), r.seconds, r.gb_per_second()));
+    };
     int sig = 0;
     while (step < steps && (sig = agreed_signal(eng)) == 0) {
       const engine::StepReport r = eng.train_batch([&](int) {
@@ -362,8 +386,11 @@ int run_train(const TrainArgs& args) {
       losses.push_back(r.loss);
       tokens_per_s.push_back(r.tokens_per_second);
       if (lead) progress.update(step, r.loss, r.tokens_per_second);
+      if (!args.save.empty() && args.save_interval > 0 && step % args.save_interval == 0) save();
     }
     if (sig == 0) sig = stop_signal();  // after the last step: report it, finish anyway
+    // At the end, and at Ctrl-C (the loop stopped at a step boundary).
+    if (!args.save.empty() && saved_step != step) save();
     progress.finish();
     const double wall = std::chrono::duration<double>(Clock::now() - start).count();
 

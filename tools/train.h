@@ -36,6 +36,12 @@ struct TrainArgs {
   std::string plot = "zinf-train-loss.png";  // the loss curve PNG; "" to skip
   std::optional<int> threads;                // compute threads per rank
   std::string init_from;                     // Hugging Face Llama folder: model and weights
+  // Checkpoints (engine/checkpoint.h). --steps counts from the start of training, so a run
+  // resumed at step k with --steps n trains n - k more.
+  std::string save;           // save every save_interval steps and at the end; "": none
+  int64_t save_interval = 0;  // 0: only at the end (and at Ctrl-C)
+  std::string load;           // resume from this folder's `latest` (or `tag`)
+  std::string tag;            // the checkpoint --load reads
 };
 
 inline constexpr const char* kBareModel = "small";

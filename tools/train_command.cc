@@ -48,6 +48,15 @@ void add_train_commands(CLI::App& app, int& exit_code) {
                   "Hugging Face Llama folder (config.json + model.safetensors or shards with "
                   "model.safetensors.index.json): the model's shape and initial weights")
       ->check(CLI::ExistingDirectory);
+  cmd->add_option("--save", args->save,
+                  "Save checkpoints (DeepSpeed's layout) in this folder: every --save-interval "
+                  "steps, at the end and at Ctrl-C");
+  cmd->add_option("--save-interval", args->save_interval,
+                  "Steps between checkpoints (default 0: only at the end)");
+  cmd->add_option("--load", args->load,
+                  "Resume from this checkpoint folder's latest (or --tag): weights, optimizer, "
+                  "step count, LR schedule and data position");
+  cmd->add_option("--tag", args->tag, "The checkpoint --load reads (default: its latest)");
   cmd->callback([args, &exit_code] { exit_code = run_train(*args); });
 
   auto eargs = std::make_shared<EstimateArgs>();

@@ -198,6 +198,7 @@ engine::EngineOptions engine_options(const RunConfig& c, const zero::LaunchEnv& 
   e.tokens_per_sample = tokens_per_sample;
   e.steps_per_print = c.steps_per_print;
   e.wall_clock_breakdown = c.wall_clock_breakdown;
+  e.gather_16bit_weights_on_model_save = c.checkpoint.gather_16bit_weights_on_model_save;
 
   e.accelerator = c.zinf.accelerator == config::AcceleratorType::kCuda ? "cuda" : "cpu";
   if (c.zinf.memory_budget_bytes) e.memory_budget = *c.zinf.memory_budget_bytes;

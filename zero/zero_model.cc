@@ -545,6 +545,27 @@ std::vector<torch::Tensor> ZeroModel::gather_master() {
   return result;
 }
 
+void ZeroModel::refresh_from_master() {
+  if (in_micro_batch_ || in_eval_) {
+    throw ZeroError("refresh_from_master() inside a micro-batch or an evaluation");
+  }
+  if (coordinator_) {
+    coordinator_->release_all();  // the slices are about to change
+  }
+  const size_t element = dtype_size(dtype_);
+  std::vector<float> master;
+  std::vector<std::byte> copy;
+  const auto& groups = layout_->sub_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    master.resize(groups[g].numel);
+    copy.resize(groups[g].numel * element);
+    optimizer_->swapper().read_sub_group(offload::OptimizerState::kParams, g, master.data());
+    from_float(master.data(), copy.data(), dtype_, groups[g].numel);
+    write_updated(groups[g].offset, copy.data(), groups[g].numel);
+  }
+  gather_resident();
+}
+
 ZeroModelStats ZeroModel::stats() const {
   ZeroModelStats s;
   if (coordinator_) {

@@ -150,6 +150,11 @@ class ZeroModel {
   // Collective: the full fp32 master values of every trainable parameter (index as params()),
   // undefined tensors for frozen ones. For tests and small models.
   [[nodiscard]] std::vector<torch::Tensor> gather_master();
+  // Collective: after the fp32 master params were replaced through optimizer().swapper() (a
+  // checkpoint loaded), rewrites every trainable parameter's compute-precision copy from
+  // them, sub-group by sub-group: stage 3 slices in the param store, resident tensors
+  // gathered from the ranks. Not inside a micro-batch or an evaluation.
+  void refresh_from_master();
   [[nodiscard]] ZeroModelStats stats() const;
 
  private:

@@ -1,0 +1,1062 @@
+// Engine::save_checkpoint / Engine::load_checkpoint: see engine/checkpoint.h for the layout
+// and the crash-safety protocol.
+
+#include "engine/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <set>
+
+#include "engine/engine.h"
+#include "engine/serialization/atomic_file.h"
+#include "engine/serialization/torch_archive.h"
+#include "zero/comm/torch_dtype.h"
+
+namespace zinf::engine {
+namespace {
+
+namespace fs = std::filesystem;
+namespace ser = zinf::serialization;
+using offload::OptimizerState;
+using ser::PickleDocument;
+using ser::PickleValue;
+using Clock = std::chrono::steady_clock;
+
+// ---- the kill seam ---------------------------------------------------------------------------
+
+int64_t g_crash_points = 0;
+
+void crash_point() {
+  static const long kill_at = [] {
+    const char* v = std::getenv(kCheckpointKillAtVariable);
+    return v != nullptr ? std::strtol(v, nullptr, 10) : 0L;
+  }();
+  ++g_crash_points;
+  if (kill_at > 0 && g_crash_points == kill_at) {
+    std::raise(SIGKILL);
+  }
+}
+
+// ---- small helpers -----------------------------------------------------------------------------
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+void fsync_dir(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    throw EngineError(fmt::format("checkpoint: open {}: {}", dir.string(), std::strerror(errno)));
+  }
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) {
+    throw EngineError(fmt::format("checkpoint: fsync {}: {}", dir.string(), std::strerror(err)));
+  }
+}
+
+void rename_or_throw(const fs::path& from, const fs::path& to) {
+  if (std::rename(from.c_str(), to.c_str()) != 0) {
+    throw EngineError(fmt::format("checkpoint: rename {} -> {}: {}", from.string(), to.string(),
+                                  std::strerror(errno)));
+  }
+}
+
+// Puts the complete `staging` folder at `target`. An existing `target` is exchanged with it
+// atomically (renameat2 RENAME_EXCHANGE) and removed only afterwards; where the filesystem
+// cannot exchange, it is moved aside to `aside` first (load falls back to `aside` if a crash
+// leaves `target` missing).
+void publish(const fs::path& root, const fs::path& staging, const fs::path& target,
+             const fs::path& aside) {
+  fsync_dir(staging);
+  crash_point();
+  std::error_code ec;
+  if (!fs::exists(target, ec)) {
+    rename_or_throw(staging, target);
+  } else if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) ==
+             0) {
+    fsync_dir(root);
+    crash_point();
+    fs::remove_all(staging, ec);  // the previous checkpoint of this tag
+  } else if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) {
+    fs::remove_all(aside, ec);
+    rename_or_throw(target, aside);
+    crash_point();
+    rename_or_throw(staging, target);
+    fsync_dir(root);
+    fs::remove_all(aside, ec);
+  } else {
+    throw EngineError(fmt::format("checkpoint: exchange {} and {}: {}", staging.string(),
+                                  target.string(), std::strerror(errno)));
+  }
+  fsync_dir(root);
+  crash_point();
+}
+
+void check_tag(const std::string& tag) {
+  if (tag.empty() || tag == "." || tag == ".." || tag.front() == '.' ||
+      tag.find('/') != std::string::npos || tag.find('\0') != std::string::npos) {
+    throw EngineError(fmt::format(
+        "checkpoint tag \"{}\" is not a plain folder name (no '/', not starting with '.')", tag));
+  }
+}
+
+std::string read_latest(const fs::path& root) {
+  const fs::path path = root / "latest";
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    throw EngineError(fmt::format("checkpoint: cannot read {}: {} (no checkpoint saved there?)",
+                                  path.string(), std::strerror(errno)));
+  }
+  std::string tag(256, '\0');
+  const size_t n = std::fread(tag.data(), 1, tag.size(), f);
+  std::fclose(f);
+  tag.resize(n);
+  while (!tag.empty() && (tag.back() == '\n' || tag.back() == '\r' || tag.back() == ' ')) {
+    tag.pop_back();
+  }
+  if (tag.empty()) {
+    throw EngineError(fmt::format("checkpoint: {} is empty", path.string()));
+  }
+  return tag;
+}
+
+// torch dtypes and the storage dtypes of the files, one table for both directions.
+constexpr std::pair<at::ScalarType, ser::TensorDType> kDTypes[] = {
+    {at::kFloat, ser::TensorDType::kFloat32},     {at::kDouble, ser::TensorDType::kFloat64},
+    {at::kBFloat16, ser::TensorDType::kBFloat16}, {at::kHalf, ser::TensorDType::kFloat16},
+    {at::kLong, ser::TensorDType::kInt64},        {at::kInt, ser::TensorDType::kInt32},
+    {at::kShort, ser::TensorDType::kInt16},       {at::kChar, ser::TensorDType::kInt8},
+    {at::kByte, ser::TensorDType::kUInt8},        {at::kBool, ser::TensorDType::kBool},
+};
+
+ser::TensorDType tensor_dtype(at::ScalarType t) {
+  for (const auto& [scalar, stored] : kDTypes) {
+    if (scalar == t) return stored;
+  }
+  throw EngineError(fmt::format("checkpoint: tensors of {} cannot be saved", c10::toString(t)));
+}
+
+at::ScalarType scalar_of(ser::TensorDType d, const std::string& file) {
+  for (const auto& [scalar, stored] : kDTypes) {
+    if (stored == d) return scalar;
+  }
+  throw EngineError(
+      fmt::format("{}: a tensor of {}, which this engine does not load", file, ser::dtype_name(d)));
+}
+
+zero::DType comm_dtype(at::ScalarType t, const std::string& file) {
+  switch (t) {
+    case at::kFloat:
+      return zero::DType::kFloat32;
+    case at::kBFloat16:
+      return zero::DType::kBFloat16;
+    case at::kHalf:
+      return zero::DType::kFloat16;
+    case at::kDouble:
+      return zero::DType::kFloat64;
+    case at::kLong:
+      return zero::DType::kInt64;
+    default:
+      throw EngineError(
+          fmt::format("{}: a frozen parameter of {} cannot be gathered", file, c10::toString(t)));
+  }
+}
+
+std::vector<int64_t> row_major_stride(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> stride(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;) {
+    stride[i - 1] = stride[i] * std::max<int64_t>(shape[i], 1);
+  }
+  return stride;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+// ---- building a file's pickle -------------------------------------------------------------------
+
+// One torch.save file being built: the pickle tree, the tensors whose bytes follow it whole,
+// and the keys of the storages streamed afterwards.
+class FileBuilder {
+ public:
+  explicit FileBuilder(std::string source) : doc_(std::move(source)) {}
+
+  PickleDocument& doc() noexcept { return doc_; }
+  PickleValue* str(std::string s) { return doc_.string(std::move(s)); }
+  PickleValue* integer(int64_t v) { return doc_.integer(v); }
+  PickleValue* real(double v) { return doc_.floating(v); }
+  PickleValue* boolean(bool v) { return doc_.boolean(v); }
+  PickleValue* none() { return doc_.none(); }
+  PickleValue* dict(bool ordered = false) { return doc_.dict(ordered); }
+  PickleValue* list() { return doc_.list(); }
+  PickleValue* size(const std::vector<int64_t>& dims) { return doc_.torch_size(dims); }
+  void put(PickleValue* d, std::string_view key, PickleValue* value) {
+    doc_.set_item(d, doc_.string(std::string(key)), value);
+  }
+
+  // A tensor written whole after the pickle (a contiguous CPU copy is kept until then).
+  PickleValue* tensor(const at::Tensor& t) {
+    at::Tensor cpu = t.detach().to(at::kCPU).contiguous();
+    const std::string key = next_key();
+    const ser::TensorDType dt = tensor_dtype(cpu.scalar_type());
+    ser::TensorRef ref;
+    ref.storage = {key, std::string(ser::storage_type_of(dt)), dt, "cpu", cpu.numel()};
+    ref.shape = cpu.sizes().vec();
+    ref.stride = row_major_stride(ref.shape);
+    whole_.emplace_back(key, std::move(cpu));
+    return doc_.tensor(std::move(ref));
+  }
+
+  // A 1-D fp32 tensor viewing the first `view_numel` of a `storage_numel`-element storage
+  // streamed later under *key.
+  PickleValue* streamed(uint64_t storage_numel, uint64_t view_numel, std::string* key) {
+    *key = next_key();
+    ser::TensorRef ref;
+    ref.storage = {*key, "FloatStorage", ser::TensorDType::kFloat32, "cpu",
+                   static_cast<int64_t>(storage_numel)};
+    ref.shape = {static_cast<int64_t>(view_numel)};
+    ref.stride = {1};
+    return doc_.tensor(std::move(ref));
+  }
+
+  // Writes data.pkl and the whole tensors.
+  void write_head(ser::TorchArchiveWriter& writer, PickleValue* root) {
+    doc_.set_root(root);
+    writer.write_pickle(doc_.root());
+    for (const auto& [key, t] : whole_) {
+      writer.add_storage(
+          key, {static_cast<const uint8_t*>(t.data_ptr()), static_cast<size_t>(t.nbytes())});
+    }
+    whole_.clear();
+    crash_point();
+  }
+
+ private:
+  std::string next_key() { return std::to_string(keys_++); }
+
+  PickleDocument doc_;
+  int64_t keys_ = 0;
+  std::vector<std::pair<std::string, at::Tensor>> whole_;
+};
+
+// ---- the partition's units -------------------------------------------------------------------
+
+// What one saved tensor of the partition covers: a sub-group (stage 3) or a parameter's slice
+// (stages 0-2). `valid` elements are viewed; the storage holds all `numel` (padding included).
+struct Unit {
+  uint64_t offset = 0;
+  uint64_t numel = 0;
+  uint64_t valid = 0;
+};
+
+std::vector<Unit> partition_units(const zero::PartitionLayout& layout, int stage) {
+  std::vector<Unit> units;
+  if (stage == 3) {
+    for (const zero::SubGroupRange& g : layout.sub_groups())
+      units.push_back({g.offset, g.numel, g.numel});
+  } else {
+    for (size_t p = 0; p < layout.param_count(); ++p) {
+      const zero::ParamSlice& s = layout.slice(p);
+      units.push_back({s.partition_offset, s.slice_numel, s.valid_numel});
+    }
+  }
+  return units;
+}
+
+// The partition's arrays as the checkpoint names them: the fp32 params, then the optimizer's
+// states in torch's names.
+struct StateName {
+  OptimizerState state;
+  const char* name;
+};
+
+std::vector<StateName> optimizer_states(offload::OptimizerSwapper& sw, const std::string& type) {
+  std::vector<StateName> out;
+  if (sw.has_state(OptimizerState::kExpAvg)) out.push_back({OptimizerState::kExpAvg, "exp_avg"});
+  if (sw.has_state(OptimizerState::kExpAvgSq)) {
+    out.push_back({OptimizerState::kExpAvgSq, lower(type) == "adagrad" ? "sum" : "exp_avg_sq"});
+  }
+  return out;
+}
+
+// What save and load both walk: the rank's partition, its arrays and units, and the
+// trainable parameters in layout order.
+struct PartitionView {
+  PartitionView(zero::ZeroModel& model, const std::string& optimizer_type)
+      : layout(model.layout()),
+        swapper(model.optimizer().swapper()),
+        states(optimizer_states(swapper, optimizer_type)),
+        units(partition_units(layout, model.stage())),
+        trainable(layout.param_count()) {
+    for (const auto& p : model.params()) {
+      if (p.trainable) trainable[static_cast<size_t>(p.layout_index)] = &p;
+    }
+  }
+  const zero::PartitionLayout& layout;
+  offload::OptimizerSwapper& swapper;
+  std::vector<StateName> states;
+  std::vector<Unit> units;
+  std::vector<const zero::ZeroModel::Param*> trainable;
+};
+
+// Streams partition array `state` into the archive, sub-group by sub-group: unit u's storage
+// under keys[u]. The next sub-group is read (on another thread; the swapper sees one call at
+// a time) while this one is written, so the save runs at the slower of the two rates rather
+// than their sum. Two sub-group buffers are held. Returns the bytes written.
+uint64_t stream_out(offload::OptimizerSwapper& sw, OptimizerState state,
+                    const zero::PartitionLayout& layout, const std::vector<Unit>& units,
+                    const std::vector<std::string>& keys, ser::TorchArchiveWriter& writer,
+                    std::vector<float> (&buffers)[2]) {
+  const auto& groups = layout.sub_groups();
+  auto read = [&](size_t g) {
+    std::vector<float>& b = buffers[g % 2];
+    b.resize(groups[g].numel);
+    sw.read_sub_group(state, g, b.data());
+  };
+  std::future<void> next;
+  // The reader uses a buffer this frame owns: it must end before any exception leaves.
+  struct Drain {
+    std::future<void>& f;
+    ~Drain() {
+      if (f.valid()) f.wait();
+    }
+  } drain{next};
+  size_t u = 0;
+  uint64_t done = 0;  // of unit u
+  uint64_t bytes = 0;
+  if (!groups.empty()) read(0);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (next.valid()) next.get();
+    if (g + 1 < groups.size()) next = std::async(std::launch::async, read, g + 1);
+    const std::vector<float>& buffer = buffers[g % 2];
+    uint64_t pos = groups[g].offset;
+    const uint64_t end = groups[g].offset + groups[g].numel;
+    while (pos < end && u < units.size()) {
+      if (done == 0) writer.begin_storage(keys[u], units[u].numel * sizeof(float));
+      const uint64_t n = std::min(end - pos, units[u].offset + units[u].numel - pos);
+      writer.write({reinterpret_cast<const uint8_t*>(buffer.data() + (pos - groups[g].offset)),
+                    static_cast<size_t>(n * sizeof(float))});
+      pos += n;
+      done += n;
+      bytes += n * sizeof(float);
+      if (done == units[u].numel) {
+        ++u;
+        done = 0;
+      }
+    }
+    crash_point();
+  }
+  return bytes;
+}
+
+// Fills partition array `state` from the archive's unit tensors, sub-group by sub-group.
+void stream_in(offload::OptimizerSwapper& sw, OptimizerState state,
+               const zero::PartitionLayout& layout, const std::vector<Unit>& units,
+               const std::vector<const ser::TensorRef*>& refs, const ser::TorchArchive& archive,
+               std::vector<float>& buffer) {
+  std::vector<const float*> data(units.size());
+  for (size_t u = 0; u < units.size(); ++u) {
+    data[u] = reinterpret_cast<const float*>(archive.storage_bytes(refs[u]->storage).data());
+  }
+  const auto& groups = layout.sub_groups();
+  size_t u = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    buffer.resize(groups[g].numel);
+    uint64_t pos = groups[g].offset;
+    const uint64_t end = groups[g].offset + groups[g].numel;
+    while (pos < end) {
+      while (units[u].offset + units[u].numel <= pos) ++u;
+      const uint64_t n = std::min(end - pos, units[u].offset + units[u].numel - pos);
+      std::memcpy(buffer.data() + (pos - groups[g].offset), data[u] + (pos - units[u].offset),
+                  n * sizeof(float));
+      pos += n;
+    }
+    sw.write_sub_group(state, g, buffer.data());
+  }
+}
+
+// ---- reading a file's pickle ------------------------------------------------------------------
+
+std::vector<int64_t> saved_shape(const PickleValue& size) { return size.as_int_list(); }
+
+// (name, shape) pairs of an OrderedDict name -> torch.Size, or of a list of them.
+void collect_shapes(const PickleValue& v,
+                    std::vector<std::pair<std::string, std::vector<int64_t>>>& out) {
+  if (v.is_none()) return;
+  if (v.is(PickleValue::Kind::kList) || v.is(PickleValue::Kind::kTuple)) {
+    for (const PickleValue* item : v.items()) collect_shapes(*item, out);
+    return;
+  }
+  for (const ser::PickleEntry& e : v.entries()) {
+    out.emplace_back(e.key->as_string(), saved_shape(*e.value));
+  }
+}
+
+// The tensor at state[index][name] of a torch optimizer state dict.
+const ser::TensorRef& state_tensor(const PickleValue& state, int64_t index, const char* name,
+                                   const std::string& file) {
+  for (const ser::PickleEntry& e : state.entries()) {
+    if (e.key->is(PickleValue::Kind::kInt) && e.key->as_int() == index) {
+      return e.value->at(name).tensor();
+    }
+  }
+  throw EngineError(fmt::format("{}: the optimizer state has no entry {}", file, index));
+}
+
+// Checks that every unit tensor is fp32, starts at 0, and has the unit's storage size.
+void check_units(const std::vector<const ser::TensorRef*>& refs, const std::vector<Unit>& units,
+                 const std::string& file, const char* what) {
+  if (refs.size() != units.size()) {
+    throw EngineError(fmt::format("{}: {} holds {} tensors, this run's partition has {}", file,
+                                  what, refs.size(), units.size()));
+  }
+  for (size_t u = 0; u < units.size(); ++u) {
+    const ser::TensorRef& r = *refs[u];
+    if (r.storage.dtype != ser::TensorDType::kFloat32 || r.storage_offset != 0 ||
+        static_cast<uint64_t>(r.storage.numel) != units[u].numel) {
+      throw EngineError(fmt::format(
+          "{}: {}[{}] is a {} storage of {} elements at offset {}; this run's partition needs "
+          "float32 storage of {} elements",
+          file, what, u, ser::dtype_name(r.storage.dtype), r.storage.numel, r.storage_offset,
+          units[u].numel));
+    }
+  }
+}
+
+ClientValue client_value(const PickleValue& v) {
+  switch (v.kind()) {
+    case PickleValue::Kind::kInt:
+      return v.as_int();
+    case PickleValue::Kind::kBool:
+      return static_cast<int64_t>(v.as_bool());
+    case PickleValue::Kind::kFloat:
+      return v.as_float();
+    case PickleValue::Kind::kString:
+      return v.as_string();
+    default:
+      return std::string(v.kind_name());
+  }
+}
+
+const std::set<std::string>& reserved_keys() {
+  static const std::set<std::string> keys = {"module",
+                                             "buffer_names",
+                                             "param_shapes",
+                                             "frozen_param_shapes",
+                                             "frozen_param_fragments",
+                                             "shared_params",
+                                             "optimizer",
+                                             "lr_scheduler",
+                                             "data_sampler",
+                                             "random_ltd",
+                                             "sparse_tensor_module_names",
+                                             "skipped_steps",
+                                             "global_steps",
+                                             "global_samples",
+                                             "dp_world_size",
+                                             "mp_world_size",
+                                             "ds_config",
+                                             "ds_version",
+                                             "zinf"};
+  return keys;
+}
+
+constexpr const char* kVersion = "0.0.0+zinf";
+
+}  // namespace
+
+std::string model_states_file(int stage, int rank) {
+  return stage == 3 ? fmt::format("zero_pp_rank_{}_mp_rank_00_model_states.pt", rank)
+                    : std::string("mp_rank_00_model_states.pt");
+}
+
+std::string optim_states_file(int rank, bool bf16) {
+  return fmt::format("{}zero_pp_rank_{}_mp_rank_00_optim_states.pt", bf16 ? "bf16_" : "", rank);
+}
+
+int64_t checkpoint_crash_points_passed() noexcept { return g_crash_points; }
+
+// ---- save ---------------------------------------------------------------------------------------
+
+CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::string& tag_in,
+                                         const ClientState& client_state) {
+  if (in_micro_batch_ || micro_batch_ != 0) {
+    throw EngineError("save_checkpoint() inside an optimizer step: call it at a step boundary");
+  }
+  for (const auto& [key, value] : client_state) {
+    if (reserved_keys().count(key) != 0) {
+      throw EngineError(
+          fmt::format("checkpoint client state key \"{}\" is one of DeepSpeed's", key));
+    }
+  }
+  const Clock::time_point start = Clock::now();
+  const std::string tag = tag_in.empty() ? fmt::format("global_step{}", global_steps_) : tag_in;
+  check_tag(tag);
+  const fs::path root(dir);
+  const fs::path target = root / tag;
+  const fs::path staging = root / ("." + tag + ".partial");
+  const int rank = comm_->rank();
+  const int world = comm_->world_size();
+  const int stage = model_->stage();
+  const bool bf16 = options_.zero.precision == zero::Precision::kBFloat16;
+  const at::ScalarType dtype = zero::detail::scalar_type(model_->compute_dtype());
+  const auto& params = model_->params();
+  const PartitionView view(*model_, options_.optimizer.type);
+  const zero::PartitionLayout& layout = view.layout;
+  offload::OptimizerSwapper& sw = view.swapper;
+  const std::vector<StateName>& states = view.states;
+  const std::vector<Unit>& units = view.units;
+  const std::vector<const zero::ZeroModel::Param*>& trainable = view.trainable;
+
+  if (rank == 0) {
+    std::error_code ec;
+    fs::create_directories(root, ec);
+    fs::remove_all(staging, ec);
+    if (!fs::create_directories(staging, ec)) {
+      throw EngineError(fmt::format("checkpoint: cannot create {}: {}", staging.string(),
+                                    ec ? ec.message() : "it exists"));
+    }
+  }
+  comm_->barrier()->wait();
+
+  // ---- shared pieces -----------------------------------------------------------------------
+  auto ds_config = [&](FileBuilder& b) {
+    PickleValue* c = b.dict();
+    b.put(c, "train_micro_batch_size_per_gpu", b.integer(options_.micro_batch_size));
+    b.put(c, "gradient_accumulation_steps", b.integer(gradient_accumulation_steps()));
+    PickleValue* z = b.dict();
+    b.put(z, "stage", b.integer(stage));
+    b.put(z, "sub_group_size", b.integer(static_cast<int64_t>(options_.zero.sub_group_size)));
+    b.put(c, "zero_optimization", z);
+    PickleValue* o = b.dict();
+    b.put(o, "type", b.str(options_.optimizer.type));
+    b.put(c, "optimizer", o);
+    PickleValue* bf = b.dict();
+    b.put(bf, "enabled", b.boolean(bf16));
+    b.put(c, "bf16", bf);
+    PickleValue* fp = b.dict();
+    b.put(fp, "enabled", b.boolean(options_.zero.precision == zero::Precision::kFloat16));
+    b.put(c, "fp16", fp);
+    return c;
+  };
+  auto loss_scaler = [&](FileBuilder& b) {
+    const zero::LossScaler::State s = scaler_.state();
+    PickleValue* d = b.dict();
+    b.put(d, "cur_scale", b.real(s.scale));
+    b.put(d, "cur_iter", b.integer(s.iteration));
+    b.put(d, "last_overflow_iter", b.integer(s.last_overflow_iteration));
+    b.put(d, "cur_hysteresis", b.integer(s.hysteresis_left));
+    b.put(d, "dynamic", b.boolean(scaler_.dynamic()));
+    return d;
+  };
+  // The partition's tensors (unit tensors per array) and the inner optimizer dict, DeepSpeed's
+  // stage 1/2 or 3 form. keys[a][u]: storage of array a (0: params, then states) for unit u.
+  std::vector<std::vector<std::string>> keys(1 + states.size(),
+                                             std::vector<std::string>(units.size()));
+  auto optimizer_dict = [&](FileBuilder& b) {
+    PickleValue* flat = b.list();
+    for (size_t u = 0; u < units.size(); ++u) {
+      b.doc().append(flat, b.streamed(units[u].numel, units[u].valid, &keys[0][u]));
+    }
+    PickleValue* torch_state = b.dict();
+    PickleValue* st = b.dict();
+    for (size_t u = 0; u < units.size(); ++u) {
+      PickleValue* entry = b.dict();
+      b.put(entry, "step", b.integer(applied_steps_));
+      for (size_t a = 0; a < states.size(); ++a) {
+        b.put(entry, states[a].name, b.streamed(units[u].numel, units[u].valid, &keys[1 + a][u]));
+      }
+      b.doc().set_item(st, b.integer(static_cast<int64_t>(u)), entry);
+    }
+    b.put(torch_state, "state", st);
+    PickleValue* groups = b.list();
+    PickleValue* group = b.dict();
+    b.put(group, "lr", b.real(report_.lr > 0 ? report_.lr : options_.optimizer.lr));
+    b.put(group, "betas",
+          b.doc().tuple({b.real(options_.optimizer.beta1), b.real(options_.optimizer.beta2)}));
+    b.put(group, "eps", b.real(options_.optimizer.eps));
+    b.put(group, "weight_decay", b.real(options_.optimizer.weight_decay));
+    b.put(group, "bias_correction", b.boolean(options_.optimizer.bias_correction));
+    b.put(group, "amsgrad", b.boolean(false));
+    b.put(group, "zinf_optimizer", b.str(lower(options_.optimizer.type)));
+    PickleValue* ids = b.list();
+    for (size_t u = 0; u < units.size(); ++u)
+      b.doc().append(ids, b.integer(static_cast<int64_t>(u)));
+    b.put(group, "params", ids);
+    b.doc().append(groups, group);
+    b.put(torch_state, "param_groups", groups);
+
+    PickleValue* d = b.dict();
+    b.put(d, "zero_stage", b.integer(stage));
+    b.put(d, "loss_scaler", loss_scaler(b));
+    b.put(d, "dynamic_loss_scale", b.boolean(scaler_.dynamic()));
+    b.put(d, "overflow", b.boolean(false));
+    if (stage == 3) {
+      b.put(d, "partition_count", b.integer(world));
+      b.put(d, "optimizer_state_dict", torch_state);
+      b.put(d, "fp32_flat_groups", flat);
+    } else {
+      b.put(d, "clip_grad", b.real(options_.zero.gradient_clipping));
+      b.put(d, "base_optimizer_state", torch_state);
+      b.put(d, "single_partition_of_fp32_groups", flat);
+      PickleValue* paddings = b.list();
+      PickleValue* counts = b.list();
+      PickleValue* mappings = b.list();
+      for (size_t u = 0; u < units.size(); ++u) {
+        b.doc().append(paddings, b.integer(static_cast<int64_t>(units[u].numel - units[u].valid)));
+        b.doc().append(counts, b.integer(layout.world_size()));
+        PickleValue* m = b.dict(true);
+        PickleValue* frag = b.dict();
+        b.put(frag, "start", b.integer(static_cast<int64_t>(layout.slice(u).slice_begin)));
+        b.put(frag, "numel", b.integer(static_cast<int64_t>(units[u].valid)));
+        b.put(m, trainable[u]->name, frag);
+        b.doc().append(mappings, m);
+      }
+      b.put(d, "group_paddings", paddings);
+      b.put(d, "partition_count", counts);
+      b.put(d, "param_slice_mappings", mappings);
+    }
+    return d;
+  };
+  auto stream_partition = [&](ser::TorchArchiveWriter& writer) {
+    std::vector<float> buffers[2];
+    stream_out(sw, OptimizerState::kParams, layout, units, keys[0], writer, buffers);
+    for (size_t a = 0; a < states.size(); ++a) {
+      stream_out(sw, states[a].state, layout, units, keys[1 + a], writer, buffers);
+    }
+  };
+
+  // ---- model states ---------------------------------------------------------------------------
+  std::vector<std::string> written;
+  if (stage == 3 || rank == 0) {
+    const std::string name = model_states_file(stage, rank);
+    FileBuilder b((staging / name).string());
+    PickleValue* root_dict = b.dict();
+    PickleValue* module = b.dict(true);
+    PickleValue* shared = b.dict();
+    PickleValue* frozen_shapes = b.dict(true);
+    PickleValue* frozen_fragments = b.dict(true);
+    bool any_frozen = false;
+    for (const auto& p : params) {
+      PickleValue* t =
+          stage == 3 ? b.tensor(at::empty({0}, at::TensorOptions().dtype(dtype))) : b.tensor(p.var);
+      b.put(module, p.name, t);
+      for (const std::string& alias : p.aliases) {
+        b.put(module, alias, t);
+        if (stage != 3 || rank == 0) b.put(shared, alias, b.str(p.name));
+      }
+      if (!p.trainable) {
+        any_frozen = true;
+        b.put(frozen_shapes, p.name, b.size(p.shape));
+        at::Tensor flat = p.var.detach().to(at::kCPU).reshape({-1});
+        if (stage == 3) {
+          const int64_t slice = (static_cast<int64_t>(p.numel) + world - 1) / world;
+          at::Tensor frag = at::zeros({slice}, flat.options());
+          const int64_t begin = std::min<int64_t>(slice * rank, flat.numel());
+          const int64_t n = std::min<int64_t>(slice, flat.numel() - begin);
+          if (n > 0) frag.narrow(0, 0, n).copy_(flat.narrow(0, begin, n));
+          flat = frag;
+        } else {
+          flat = p.var;
+        }
+        b.put(frozen_fragments, p.name, b.tensor(flat));
+      }
+    }
+    PickleValue* buffer_names = b.list();
+    for (const auto& item : module_->named_buffers()) {
+      b.put(module, item.key(), b.tensor(item.value()));
+      b.doc().append(buffer_names, b.str(item.key()));
+    }
+    b.put(root_dict, "module", module);
+    b.put(root_dict, "buffer_names", buffer_names);
+    PickleValue* param_shapes = b.list();
+    if (stage == 3) {
+      // Per sub-group: the parameters whose slice starts in it, in flattening order.
+      const auto& groups = layout.sub_groups();
+      size_t lp = 0;
+      for (const auto& g : groups) {
+        PickleValue* d = b.dict(true);
+        while (lp < trainable.size() && layout.slice(lp).partition_offset < g.offset + g.numel) {
+          b.put(d, trainable[lp]->name, b.size(trainable[lp]->shape));
+          ++lp;
+        }
+        b.doc().append(param_shapes, d);
+      }
+    } else {
+      for (const auto* p : trainable) {
+        PickleValue* d = b.dict(true);
+        b.put(d, p->name, b.size(p->shape));
+        b.doc().append(param_shapes, d);
+      }
+    }
+    b.put(root_dict, "param_shapes", param_shapes);
+    b.put(root_dict, "frozen_param_shapes", any_frozen ? frozen_shapes : b.none());
+    b.put(root_dict, "frozen_param_fragments", any_frozen ? frozen_fragments : b.none());
+    b.put(root_dict, "shared_params", shared);
+    b.put(root_dict, "optimizer", stage == 0 ? optimizer_dict(b) : b.none());
+    PickleValue* sched = b.dict();
+    b.put(sched, "last_batch_iteration", b.integer(applied_steps_ - 1));
+    b.put(root_dict, "lr_scheduler", sched);
+    b.put(root_dict, "data_sampler", b.none());
+    b.put(root_dict, "random_ltd", b.none());
+    b.put(root_dict, "sparse_tensor_module_names", b.doc().set());
+    b.put(root_dict, "skipped_steps", b.integer(skipped_steps_));
+    b.put(root_dict, "global_steps", b.integer(global_steps_));
+    b.put(root_dict, "global_samples", b.integer(global_samples_));
+    b.put(root_dict, "dp_world_size", b.integer(world));
+    b.put(root_dict, "mp_world_size", b.integer(1));
+    b.put(root_dict, "ds_config", ds_config(b));
+    b.put(root_dict, "ds_version", b.str(kVersion));
+    PickleValue* z = b.dict();
+    b.put(z, "zero_stage", b.integer(stage));
+    b.put(z, "optimizer", b.str(lower(options_.optimizer.type)));
+    b.put(z, "precision",
+          b.str(bf16                                                   ? "bf16"
+                : options_.zero.precision == zero::Precision::kFloat16 ? "fp16"
+                                                                       : "fp32"));
+    b.put(z, "applied_steps", b.integer(applied_steps_));
+    {
+      at::Generator generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      b.put(z, "rng_state", b.tensor(generator.get_state()));
+    }
+    b.put(root_dict, "zinf", z);
+    for (const auto& [key, value] : client_state) {
+      std::visit(
+          [&](const auto& v) {
+            using T = std::decay_t<decltype(v)>;
+            if constexpr (std::is_same_v<T, int64_t>) {
+              b.put(root_dict, key, b.integer(v));
+            } else if constexpr (std::is_same_v<T, double>) {
+              b.put(root_dict, key, b.real(v));
+            } else {
+              b.put(root_dict, key, b.str(v));
+            }
+          },
+          value);
+    }
+    ser::TorchArchiveWriter writer((staging / name).string());
+    b.write_head(writer, root_dict);
+    if (stage == 0) stream_partition(writer);
+    writer.finish();
+    crash_point();
+    written.push_back(name);
+  }
+
+  // ---- optimizer states -----------------------------------------------------------------------
+  if (stage >= 1) {
+    const std::string name = optim_states_file(rank, bf16);
+    FileBuilder b((staging / name).string());
+    PickleValue* root_dict = b.dict();
+    b.put(root_dict, "optimizer_state_dict", optimizer_dict(b));
+    b.put(root_dict, "ds_config", ds_config(b));
+    b.put(root_dict, "ds_version", b.str(kVersion));
+    ser::TorchArchiveWriter writer((staging / name).string());
+    b.write_head(writer, root_dict);
+    stream_partition(writer);
+    writer.finish();
+    crash_point();
+    written.push_back(name);
+  }
+
+  // ---- consolidated 16-bit weights ------------------------------------------------------------
+  if (options_.gather_16bit_weights_on_model_save) {
+    std::vector<at::Tensor> master;
+    if (stage == 3) master = model_->gather_master();  // collective
+    if (rank == 0) {
+      const std::string name = "pytorch_model.bin";
+      FileBuilder b((staging / name).string());
+      PickleValue* sd = b.dict(true);
+      for (size_t i = 0; i < params.size(); ++i) {
+        const auto& p = params[i];
+        PickleValue* t = b.tensor(stage == 3 && p.trainable ? master[i].to(dtype) : p.var);
+        b.put(sd, p.name, t);
+        for (const std::string& alias : p.aliases) b.put(sd, alias, t);
+      }
+      for (const auto& item : module_->named_buffers())
+        b.put(sd, item.key(), b.tensor(item.value()));
+      ser::TorchArchiveWriter writer((staging / name).string());
+      b.write_head(writer, sd);
+      writer.finish();
+      crash_point();
+      written.push_back(name);
+    }
+  }
+
+  int64_t bytes = 0;
+  for (const std::string& name : written) {
+    bytes += static_cast<int64_t>(fs::file_size(staging / name));
+  }
+  if (world > 1) {
+    comm_->all_reduce(&bytes, 1, zero::DType::kInt64, zero::ReduceOp::kSum)->wait();
+  }
+  comm_->barrier()->wait();  // every rank's files are complete and durable
+
+  if (rank == 0) {
+    publish(root, staging, target, root / ("." + tag + ".old"));
+    serialization::AtomicFile latest((root / "latest").string());
+    latest.append({reinterpret_cast<const uint8_t*>(tag.data()), tag.size()});
+    latest.commit();
+    crash_point();
+  }
+  comm_->barrier()->wait();
+
+  CheckpointReport report;
+  report.path = target.string();
+  report.tag = tag;
+  report.bytes = static_cast<uint64_t>(bytes);
+  report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  report.client_state = client_state;
+  return report;
+}
+
+// ---- load ---------------------------------------------------------------------------------------
+
+CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::string& tag_in) {
+  if (in_micro_batch_ || micro_batch_ != 0) {
+    throw EngineError("load_checkpoint() inside an optimizer step: call it at a step boundary");
+  }
+  const Clock::time_point start = Clock::now();
+  const fs::path root(dir);
+  const std::string tag = tag_in.empty() ? read_latest(root) : tag_in;
+  check_tag(tag);
+  fs::path folder = root / tag;
+  std::error_code ec;
+  if (!fs::is_directory(folder, ec) && fs::is_directory(root / ("." + tag + ".old"), ec)) {
+    folder = root / ("." + tag + ".old");  // a save that could not exchange was cut short
+  }
+  if (!fs::is_directory(folder, ec)) {
+    throw EngineError(fmt::format("checkpoint {}: no such folder", folder.string()));
+  }
+  const int rank = comm_->rank();
+  const int world = comm_->world_size();
+  const int stage = model_->stage();
+  const bool bf16 = options_.zero.precision == zero::Precision::kBFloat16;
+  const auto& params = model_->params();
+  const PartitionView view(*model_, options_.optimizer.type);
+  const zero::PartitionLayout& layout = view.layout;
+  offload::OptimizerSwapper& sw = view.swapper;
+  const std::vector<StateName>& states = view.states;
+  const std::vector<Unit>& units = view.units;
+  const std::vector<const zero::ZeroModel::Param*>& trainable = view.trainable;
+
+  // ---- the model-states file: does the checkpoint fit this run? ------------------------------
+  const fs::path model_path = folder / model_states_file(stage, rank);
+  if (!fs::exists(model_path, ec)) {
+    const fs::path other = folder / model_states_file(stage == 3 ? 0 : 3, 0);
+    if (fs::exists(other, ec)) {
+      throw EngineError(fmt::format(
+          "checkpoint {}: {} is missing but {} exists: it was saved at ZeRO stage {}, this run "
+          "is stage {}",
+          folder.string(), model_path.filename().string(), other.filename().string(),
+          stage == 3 ? "0-2" : "3", stage));
+    }
+    throw EngineError(fmt::format("checkpoint {}: {} is missing", folder.string(),
+                                  model_path.filename().string()));
+  }
+  const std::string model_file = model_path.string();
+  const ser::TorchArchive model_archive = ser::TorchArchive::open(model_file);
+  const PickleValue& m = model_archive.root();
+  if (m.find("buffer_names") == nullptr) {
+    throw EngineError(fmt::format("{}: not a model-states file (no buffer_names)", model_file));
+  }
+  const int64_t saved_world = m.at("dp_world_size").as_int();
+  if (saved_world != world) {
+    throw EngineError(fmt::format(
+        "{}: saved with world size {} (dp_world_size), this run has {}; loading into another "
+        "world size is not supported (consolidate with zinf zero-to-fp32 instead)",
+        model_file, saved_world, world));
+  }
+  const PickleValue* z = m.find("zinf");
+  const int64_t saved_stage = z != nullptr ? z->at("zero_stage").as_int() : -1;
+  if (saved_stage != stage) {
+    throw EngineError(fmt::format("{}: saved at ZeRO stage {}, this run is stage {}", model_file,
+                                  saved_stage, stage));
+  }
+  const std::string saved_optimizer = z->at("optimizer").as_string();
+  if (saved_optimizer != lower(options_.optimizer.type)) {
+    throw EngineError(fmt::format("{}: saved with optimizer {}, this run uses {}", model_file,
+                                  saved_optimizer, lower(options_.optimizer.type)));
+  }
+  {
+    std::vector<std::pair<std::string, std::vector<int64_t>>> saved;
+    collect_shapes(m.at("param_shapes"), saved);
+    std::vector<std::pair<std::string, std::vector<int64_t>>> frozen_saved;
+    collect_shapes(m.at("frozen_param_shapes"), frozen_saved);
+    std::vector<std::pair<std::string, std::vector<int64_t>>> mine, frozen_mine;
+    for (const auto* p : trainable) mine.emplace_back(p->name, p->shape);
+    for (const auto& p : params) {
+      if (!p.trainable) frozen_mine.emplace_back(p.name, p.shape);
+    }
+    auto compare = [&](const auto& a, const auto& b, const char* what) {
+      for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+        if (i >= a.size()) {
+          throw EngineError(
+              fmt::format("{}: the model's {} parameter \"{}\" is not in the checkpoint",
+                          model_file, what, b[i].first));
+        }
+        if (i >= b.size()) {
+          throw EngineError(
+              fmt::format("{}: the checkpoint's {} parameter \"{}\" is not in the model",
+                          model_file, what, a[i].first));
+        }
+        if (a[i].first != b[i].first) {
+          throw EngineError(
+              fmt::format("{}: {} parameter {} is \"{}\" in the checkpoint, \"{}\" in the model",
+                          model_file, what, i, a[i].first, b[i].first));
+        }
+        if (a[i].second != b[i].second) {
+          throw EngineError(fmt::format(
+              "{}: parameter \"{}\" has shape {} in the checkpoint, {} in the model", model_file,
+              a[i].first, shape_text(a[i].second), shape_text(b[i].second)));
+        }
+      }
+    };
+    compare(saved, mine, "trainable");
+    compare(frozen_saved, frozen_mine, "frozen");
+  }
+
+  // ---- the optimizer states --------------------------------------------------------------------
+  std::optional<ser::TorchArchive> optim_archive;
+  std::string optim_file = model_file;
+  const PickleValue* inner = nullptr;
+  if (stage == 0) {
+    inner = &m.at("optimizer");
+  } else {
+    const fs::path path = folder / optim_states_file(rank, bf16);
+    optim_file = path.string();
+    if (!fs::exists(path, ec)) {
+      throw EngineError(fmt::format("checkpoint {}: {} is missing{}", folder.string(),
+                                    path.filename().string(),
+                                    fs::exists(folder / optim_states_file(rank, !bf16), ec)
+                                        ? " (the checkpoint's precision differs from this run's)"
+                                        : ""));
+    }
+    optim_archive.emplace(ser::TorchArchive::open(optim_file));
+    inner = &optim_archive->root().at("optimizer_state_dict");
+  }
+  const ser::TorchArchive& archive = stage == 0 ? model_archive : *optim_archive;
+  if (inner->at("zero_stage").as_int() != stage) {
+    throw EngineError(fmt::format("{}: zero_stage {}, this run is stage {}", optim_file,
+                                  inner->at("zero_stage").as_int(), stage));
+  }
+  const PickleValue& torch_state =
+      inner->at(stage == 3 ? "optimizer_state_dict" : "base_optimizer_state");
+  const PickleValue& groups = torch_state.at("param_groups");
+  if (groups.size() < 1 ||
+      groups.items()[0]->at("zinf_optimizer").as_string() != lower(options_.optimizer.type)) {
+    throw EngineError(fmt::format("{}: the optimizer state is not of this run's optimizer {}",
+                                  optim_file, lower(options_.optimizer.type)));
+  }
+  std::vector<std::vector<const ser::TensorRef*>> refs(1 + states.size());
+  const PickleValue& flat =
+      inner->at(stage == 3 ? "fp32_flat_groups" : "single_partition_of_fp32_groups");
+  for (const PickleValue* t : flat.items()) refs[0].push_back(&t->tensor());
+  check_units(refs[0], units, optim_file,
+              stage == 3 ? "fp32_flat_groups" : "single_partition_of_fp32_groups");
+  const PickleValue& st = torch_state.at("state");
+  for (size_t a = 0; a < states.size(); ++a) {
+    for (size_t u = 0; u < units.size(); ++u) {
+      refs[1 + a].push_back(&state_tensor(st, static_cast<int64_t>(u), states[a].name, optim_file));
+    }
+    check_units(refs[1 + a], units, optim_file, states[a].name);
+  }
+
+  // ---- restore ----------------------------------------------------------------------------------
+  std::vector<float> buffer;
+  stream_in(sw, OptimizerState::kParams, layout, units, refs[0], archive, buffer);
+  for (size_t a = 0; a < states.size(); ++a) {
+    stream_in(sw, states[a].state, layout, units, refs[1 + a], archive, buffer);
+  }
+  model_->refresh_from_master();
+
+  // Frozen parameters: whole at stages 0-2, this rank's fragment at stage 3.
+  if (const PickleValue& fragments = m.at("frozen_param_fragments"); !fragments.is_none()) {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : params) {
+      if (p.trainable) continue;
+      const ser::TensorRef& ref = fragments.at(p.name).tensor();
+      const auto bytes = model_archive.tensor_bytes(ref);
+      at::Tensor saved =
+          at::from_blob(const_cast<uint8_t*>(bytes.data()), {ref.numel()},
+                        at::TensorOptions().dtype(scalar_of(ref.storage.dtype, model_file)))
+              .clone();
+      at::Tensor full = saved;
+      if (stage == 3 && world > 1) {
+        full = at::empty({saved.numel() * world}, saved.options());
+        comm_
+            ->all_gather(saved.data_ptr(), full.data_ptr(), static_cast<size_t>(saved.numel()),
+                         comm_dtype(saved.scalar_type(), model_file))
+            ->wait();
+      }
+      if (full.numel() < static_cast<int64_t>(p.numel)) {
+        throw EngineError(fmt::format("{}: frozen parameter \"{}\" holds {} elements, not {}",
+                                      model_file, p.name, full.numel(), p.numel));
+      }
+      p.var.copy_(full.narrow(0, 0, static_cast<int64_t>(p.numel)).view(p.shape));
+    }
+  }
+
+  global_steps_ = m.at("global_steps").as_int();
+  global_samples_ = m.at("global_samples").as_int();
+  skipped_steps_ = m.at("skipped_steps").as_int();
+  applied_steps_ = z->at("applied_steps").as_int();
+  {
+    const PickleValue& ls = inner->at("loss_scaler");
+    zero::LossScaler::State s;
+    s.scale = ls.at("cur_scale").as_float();
+    s.iteration = ls.at("cur_iter").as_int();
+    s.last_overflow_iteration = ls.at("last_overflow_iter").as_int();
+    s.hysteresis_left = static_cast<int>(ls.at("cur_hysteresis").as_int());
+    scaler_.restore(s);
+  }
+  {
+    const ser::TensorRef& ref = z->at("rng_state").tensor();
+    const auto bytes = model_archive.tensor_bytes(ref);
+    at::Tensor state = at::from_blob(const_cast<uint8_t*>(bytes.data()), {ref.numel()},
+                                     at::TensorOptions().dtype(at::kByte))
+                           .clone();
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  }
+
+  CheckpointReport report;
+  for (const ser::PickleEntry& e : m.entries()) {
+    if (e.key->is(PickleValue::Kind::kString) && reserved_keys().count(e.key->as_string()) == 0) {
+      report.client_state[e.key->as_string()] = client_value(*e.value);
+    }
+  }
+  // Files counted once: below stage 3 every rank reads rank 0's model-states file.
+  int64_t bytes = stage == 3 || rank == 0 ? static_cast<int64_t>(fs::file_size(model_path)) : 0;
+  if (stage >= 1) bytes += static_cast<int64_t>(fs::file_size(optim_file));
+  if (world > 1) {
+    comm_->all_reduce(&bytes, 1, zero::DType::kInt64, zero::ReduceOp::kSum)->wait();
+  }
+  report.path = folder.string();
+  report.tag = tag;
+  report.bytes = static_cast<uint64_t>(bytes);
+  report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return report;
+}
+
+}  // namespace zinf::engine

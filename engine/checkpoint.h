@@ -1,0 +1,71 @@
+// Checkpoints of an Engine in DeepSpeed's layout (../shared/reference/checkpoint-format.md):
+// Engine::save_checkpoint / Engine::load_checkpoint are defined in engine/checkpoint.cc; this
+// header holds what they exchange with the caller and the file names they use.
+//
+//   <dir>/latest                         the tag of the newest complete checkpoint (no newline)
+//   <dir>/<tag>/mp_rank_00_model_states.pt                          stage 0-2 (rank 0 writes)
+//   <dir>/<tag>/zero_pp_rank_<r>_mp_rank_00_model_states.pt         stage 3 (every rank)
+//   <dir>/<tag>/[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt  stage 1-3 (every rank)
+//   <dir>/<tag>/pytorch_model.bin        the 16-bit weights, when the config's
+//                                        stage3_gather_16bit_weights_on_model_save is set
+//
+// Partitions. Stage 3 writes DeepSpeed's `fp32_flat_groups`: one fp32 tensor per sub-group of
+// the rank's flat partition, padding included, with the Adam moments of the same sub-group
+// in the torch optimizer state (state[i] for sub-group i). Stages 1 and 2 write one param
+// group per trainable parameter: group g of rank r is r's slice of parameter g (zinf's
+// partition layout, zero/partition.h) with the padding sliced off the view (the storage
+// keeps it), so DeepSpeed's consolidation rule — concatenate the ranks' group g, walk
+// param_shapes[g] — gives the parameter back, and no rank needs another rank's elements.
+// Stage 0 keeps the same dict as stages 1/2 under the model-states file's `optimizer` key
+// (every rank holds everything; rank 0 writes). States on NVMe are streamed sub-group by
+// sub-group, in both directions; nothing holds a whole partition in memory.
+//
+// Crash safety: a save writes into `<dir>/.<tag>.partial` (every file written under a
+// temporary name, fsynced and renamed by serialization's AtomicFile), the ranks meet at a
+// barrier, then rank 0 fsyncs the folder, puts it in place of `<dir>/<tag>` (an atomic
+// exchange when one exists, so an older checkpoint of that tag survives until the new one
+// is complete), fsyncs `<dir>` and at last replaces `latest` atomically. A save killed at any
+// point leaves `latest` naming a complete checkpoint.
+//
+// Errors: EngineError for a checkpoint that does not fit the run (world size, stage, params
+// and shapes, optimizer), naming the file and what differs; serialization::SerializationError
+// (naming the file) for a file that is malformed or truncated.
+//
+// Thread safety: save and load are collective calls of the Engine's driving thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <variant>
+
+namespace zinf::engine {
+
+// Caller values saved in the model-states file beside DeepSpeed's keys (DeepSpeed's
+// client_state), and given back by load_checkpoint.
+using ClientValue = std::variant<int64_t, double, std::string>;
+using ClientState = std::map<std::string, ClientValue>;
+
+struct CheckpointReport {
+  std::string path;  // <dir>/<tag>
+  std::string tag;
+  uint64_t bytes = 0;        // all ranks' files together
+  double seconds = 0.0;      // wall time of the call on this rank
+  ClientState client_state;  // load: what the checkpoint carried
+  [[nodiscard]] double gb_per_second() const noexcept {
+    return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0;
+  }
+};
+
+// File names inside a tag folder.
+[[nodiscard]] std::string model_states_file(int stage, int rank);
+[[nodiscard]] std::string optim_states_file(int rank, bool bf16);
+
+// Test seam: when this variable holds k > 0, the k-th crash point a save passes (after each
+// storage record, each finished file, each rename, and `latest`) kills the process with
+// SIGKILL, so tests can end a save at a chosen point.
+inline constexpr const char* kCheckpointKillAtVariable = "ZINF_TEST_CHECKPOINT_KILL_AT";
+// Crash points passed by saves in this process so far.
+[[nodiscard]] int64_t checkpoint_crash_points_passed() noexcept;
+
+}  // namespace zinf::engine
