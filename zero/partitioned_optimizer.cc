@@ -146,6 +146,7 @@ void PartitionedOptimizer::begin_micro_batch(int micro_batch) {
   last_micro_batch_ = micro_batch + 1 == config_.gradient_accumulation_steps;
   std::fill(touched_.begin(), touched_.end(), false);
   if (micro_batch == 0) {
+    staged_ = -1;  // sums of an unfinished step (none after a complete one) are dropped
     std::fill(sumsq_.begin(), sumsq_.end(), 0.0);
     std::fill(nonfinite_.begin(), nonfinite_.end(), 0);
     std::fill(on_disk_.begin(), on_disk_.end(), false);
@@ -190,6 +191,7 @@ void PartitionedOptimizer::wait_write() {
 }
 
 void PartitionedOptimizer::stage(size_t sub_group) {
+  touched_[sub_group] = true;
   if (staged_ == static_cast<long>(sub_group)) {
     return;
   }
@@ -242,13 +244,16 @@ void PartitionedOptimizer::end_micro_batch() {
     }
     return;
   }
+  if (!last_micro_batch_) {
+    // The staged sub-group keeps its sums for the next micro-batch (the first it touches,
+    // after the backward's reverse order, is usually this one): not written and read back.
+    wait_write();
+    return;
+  }
   if (staged_ >= 0) {
     flush_staged();
   }
   wait_write();
-  if (!last_micro_batch_) {
-    return;
-  }
   // Sub-groups no gradient reached in the last micro-batch: their final values are what the
   // swap file holds (measure them), or zeros when nothing reached them in the whole step.
   for (size_t g = 0; g < groups.size(); ++g) {

@@ -41,7 +41,8 @@ struct Args {
   int rounds = 2;
   int threads = 2;
   std::string nvme_path = "/var/tmp";
-  std::string child;  // internal: run one mode and print a RESULT line
+  bool profile = false;  // per-step wall-clock breakdown and bytes per tier (stderr)
+  std::string child;     // internal: run one mode and print a RESULT line
 };
 
 uint64_t peak_rss() {
@@ -67,6 +68,12 @@ int run_child(const Args& a) {
     std::string pattern = (fs::path(a.nvme_path) / "zinf-bench-XXXXXX").string();
     if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp in " + a.nvme_path);
     swap = pattern;
+    // What a DeepSpeed user sets when the pinned memory allows: a param pool that holds
+    // every parameter slice (buffer_size is already the largest parameter), so the params
+    // read for one micro-batch's forward serve its backward and the next micro-batches
+    // (ParamSwapper::release_cached) instead of being read from NVMe again. max_in_cpu
+    // stays 0: every slice lives on NVMe and each step's new values are written there.
+    z["offload_param"]["buffer_count"] = engine::llama_parameter_shapes(*model).size();
   } else {
     z.erase("offload_param");
     z.erase("offload_optimizer");
@@ -84,7 +91,9 @@ int run_child(const Args& a) {
   const config::RunConfig cfg =
       tools::resolve_run_config(root, "bench " + a.child, overrides, *model, nullptr);
   engine::EngineOptions o = tools::engine_options(cfg, zero::LaunchEnv{}, seq, a.threads);
-  o.steps_per_print = 0;
+  o.steps_per_print = a.profile ? 1 : 0;
+  o.wall_clock_breakdown = a.profile;
+  o.log = [](const std::string& line) { fmt::print(stderr, "[{}] {}\n", "engine", line); };
   const int64_t micro = o.micro_batch_size;
   o.activation_bytes = engine::llama_activation_bytes(*model, micro, seq, 4);
 
@@ -99,6 +108,7 @@ int run_child(const Args& a) {
     engine::Engine eng(module, o, [](const std::string& name, at::Tensor& full) {
       engine::init_parameter(1234, name, full);
     });
+    zero::ZeroModelStats prev = eng.zero_model().stats();
     for (int s = 0; s < a.steps; ++s) {
       const engine::StepReport r = eng.train_batch([&](int) {
         loader.next(micro, in, tg);
@@ -107,12 +117,32 @@ int run_child(const Args& a) {
         return module->loss(x, y);
       });
       last_loss = r.loss;
+      if (a.profile) {
+        const zero::ZeroModelStats st = eng.zero_model().stats();
+        fmt::print(
+            stderr,
+            "[{}] step {} {:.3f} s | param nvme read {} | optimizer nvme read {} "
+            "written {} | param wait {:.3f} s (block wait {:.3f} s) | param swap I/O "
+            "wait {:.3f} s | optimizer I/O wait {:.3f} s\n",
+            a.child, s + 1, r.seconds,
+            engine::format_bytes(st.param_swap.nvme_bytes_read - prev.param_swap.nvme_bytes_read),
+            engine::format_bytes(st.optimizer_swap.nvme_bytes_read -
+                                 prev.optimizer_swap.nvme_bytes_read),
+            engine::format_bytes(st.optimizer_swap.nvme_bytes_written -
+                                 prev.optimizer_swap.nvme_bytes_written),
+            st.params.wait_seconds - prev.params.wait_seconds,
+            st.coordinator.block_wait_seconds - prev.coordinator.block_wait_seconds,
+            st.param_swap.io_wait_seconds - prev.param_swap.io_wait_seconds,
+            st.optimizer_swap.io_wait_seconds - prev.optimizer_swap.io_wait_seconds);
+        prev = st;
+      }
       if (s >= a.warmup) {
         timed_seconds += r.seconds;
         timed_tokens += static_cast<double>(micro * seq * eng.gradient_accumulation_steps());
       }
     }
     mem = eng.memory_report();
+    if (a.profile) fmt::print(stderr, "[{}] {}\n", a.child, eng.counters_line());
   }
   if (!swap.empty()) fs::remove_all(swap);
   fmt::print("RESULT {} {:.3f} {} {:.3f} {:.4f} {} {} {}\n", a.child,
@@ -132,9 +162,9 @@ struct Result {
 };
 
 Result spawn(const std::string& self, const Args& a, const std::string& mode) {
-  const std::string cmd =
-      fmt::format("'{}' --child {} --model {} --steps {} --warmup {} --threads {} --nvme-path '{}'",
-                  self, mode, a.model, a.steps, a.warmup, a.threads, a.nvme_path);
+  const std::string cmd = fmt::format(
+      "'{}' --child {} --model {} --steps {} --warmup {} --threads {} --nvme-path '{}'{}", self,
+      mode, a.model, a.steps, a.warmup, a.threads, a.nvme_path, a.profile ? " --profile" : "");
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) throw std::runtime_error("cannot start " + cmd);
   std::string out;
@@ -177,6 +207,8 @@ int main(int argc, char** argv) {
   app.add_option("--threads", a.threads, "Compute threads")->capture_default_str();
   app.add_option("--nvme-path", a.nvme_path, "Folder of the NVMe swap files")
       ->capture_default_str();
+  app.add_flag("--profile", a.profile,
+               "Per step: wall-clock breakdown, bytes read and written per tier, time blocked");
   app.add_option("--child", a.child)->group("");
   CLI11_PARSE(app, argc, argv);
   try {
