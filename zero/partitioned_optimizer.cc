@@ -172,15 +172,21 @@ void PartitionedOptimizer::accumulate(uint64_t offset, const void* grads, DType 
   }
   const auto& groups = layout_.sub_groups();
   const uint64_t group_size = groups.front().numel;
-  while (numel > 0) {
-    const size_t g = static_cast<size_t>(offset / group_size);
+  const auto first = static_cast<size_t>(offset / group_size);
+  const auto last = static_cast<size_t>((offset + numel - 1) / group_size);
+  // A gradient across sub-groups goes in piece by piece, last first (the backward delivers
+  // gradients from the end of the partition to its start, so the staged sub-group is the
+  // last piece's, or none): a sub-group is finished before the next is staged, never written
+  // out and read back in the middle of the gradient. First first only when the staged
+  // sub-group is the first piece's (gradients delivered in partition order).
+  const bool descending = staged_ != static_cast<long>(first);
+  for (size_t k = 0; k <= last - first; ++k) {
+    const size_t g = descending ? last - k : first + k;
+    const uint64_t begin = std::max(offset, groups[g].offset);
+    const uint64_t end = std::min(offset + numel, groups[g].offset + groups[g].numel);
     stage(g);
-    const uint64_t within = offset - groups[g].offset;
-    const uint64_t take = std::min(numel, groups[g].numel - within);
-    accumulate_scaled(staging_[staged_slot_].as<float>() + within, src, dtype, take, scale);
-    src += take * element;
-    offset += take;
-    numel -= take;
+    accumulate_scaled(staging_[staged_slot_].as<float>() + (begin - groups[g].offset),
+                      src + (begin - offset) * element, dtype, end - begin, scale);
   }
 }
 

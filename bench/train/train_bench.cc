@@ -1,11 +1,16 @@
 // bench/train: what offloading costs in training throughput. The bare `zinf train` model and
 // config (tools/train_config.h: stage 3, fp32, one decoder layer gathered at a time) trained
 // with its params and optimizer states (a) on the accelerator, (b) on CPU, (c) on NVMe
-// (max_in_cpu 0), on the default corpus from the same seed. Each mode runs in a child process
-// of this program (its own peak RSS); the modes are interleaved over --rounds rounds in a
-// rotated order; medians of tokens/s and of each round's ratio to the no-offload run.
+// (max_in_cpu 0; offload_param.buffer_count one per parameter unless --param-buffers says
+// otherwise, so the param pool holds every slice), on the default corpus from the same seed. Each
+// mode runs in a child process of this program (its own peak RSS); the modes are interleaved over
+// --rounds rounds in a rotated order; medians of tokens/s and of each round's ratio to the
+// no-offload run.
 //
 //   build/bench/train/zinf_train_bench [--model small] [--steps 8] [--warmup 2] [--rounds 2]
+//                                      [--param-buffers N] [--profile]
+// --profile prints, per step of each mode, the engine's wall-clock breakdown (forward,
+// backward, step, time blocked per tier) and the NVMe bytes each tier read and wrote.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <stdlib.h>
@@ -40,6 +45,7 @@ struct Args {
   int warmup = 2;
   int rounds = 2;
   int threads = 2;
+  int param_buffers = 0;  // nvme: offload_param.buffer_count; 0: one per parameter
   std::string nvme_path = "/var/tmp";
   bool profile = false;  // per-step wall-clock breakdown and bytes per tier (stderr)
   std::string child;     // internal: run one mode and print a RESULT line
@@ -73,7 +79,9 @@ int run_child(const Args& a) {
     // read for one micro-batch's forward serve its backward and the next micro-batches
     // (ParamSwapper::release_cached) instead of being read from NVMe again. max_in_cpu
     // stays 0: every slice lives on NVMe and each step's new values are written there.
-    z["offload_param"]["buffer_count"] = engine::llama_parameter_shapes(*model).size();
+    z["offload_param"]["buffer_count"] = a.param_buffers > 0
+                                             ? static_cast<size_t>(a.param_buffers)
+                                             : engine::llama_parameter_shapes(*model).size();
   } else {
     z.erase("offload_param");
     z.erase("offload_optimizer");
@@ -163,8 +171,10 @@ struct Result {
 
 Result spawn(const std::string& self, const Args& a, const std::string& mode) {
   const std::string cmd = fmt::format(
-      "'{}' --child {} --model {} --steps {} --warmup {} --threads {} --nvme-path '{}'{}", self,
-      mode, a.model, a.steps, a.warmup, a.threads, a.nvme_path, a.profile ? " --profile" : "");
+      "'{}' --child {} --model {} --steps {} --warmup {} --threads {} --nvme-path '{}' "
+      "--param-buffers {}{}",
+      self, mode, a.model, a.steps, a.warmup, a.threads, a.nvme_path, a.param_buffers,
+      a.profile ? " --profile" : "");
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) throw std::runtime_error("cannot start " + cmd);
   std::string out;
@@ -206,6 +216,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--threads", a.threads, "Compute threads")->capture_default_str();
   app.add_option("--nvme-path", a.nvme_path, "Folder of the NVMe swap files")
+      ->capture_default_str();
+  app.add_option("--param-buffers", a.param_buffers,
+                 "NVMe mode: offload_param.buffer_count (0: one buffer per parameter, so the "
+                 "pool holds every slice; the bare config has 4)")
       ->capture_default_str();
   app.add_flag("--profile", a.profile,
                "Per step: wall-clock breakdown, bytes read and written per tier, time blocked");

@@ -22,22 +22,20 @@ using offload::OptimizerState;
 using zinf::testing::TempDir;
 using zinf::testing::test_seed;
 
-constexpr int kMicroBatches = 4;
-
 struct Trained {
   std::vector<float> params;
   uint64_t bytes_read_before_step = 0;  // optimizer tier NVMe reads during accumulation
   uint64_t bytes_written_before_step = 0;
 };
 
-// Two steps of kMicroBatches micro-batches; each micro-batch adds seeded grads for every
-// parameter in backward order (last parameter first), in pieces of `piece` elements.
+// Two steps of `micro_batches` micro-batches; each micro-batch adds seeded grads for every
+// parameter in backward order (last parameter first), each as one gradient.
 Trained train(OffloadTarget tier, uint64_t sub_group_size, const std::vector<uint64_t>& numels,
-              uint32_t seed, const std::string& dir) {
+              uint32_t seed, const std::string& dir, int micro_batches = 4) {
   PartitionLayout layout(numels, 1, 0, sub_group_size);
   ZeroConfig config;
   config.stage = 3;
-  config.gradient_accumulation_steps = kMicroBatches;
+  config.gradient_accumulation_steps = micro_batches;
   config.sub_group_size = sub_group_size;
   config.offload_optimizer = tier;
   config.precision = Precision::kFloat32;
@@ -61,7 +59,7 @@ Trained train(OffloadTarget tier, uint64_t sub_group_size, const std::vector<uin
   Trained run;
   for (int64_t step = 1; step <= 2; ++step) {
     const offload::OffloadCounters before = opt.swapper().counters();
-    for (int mb = 0; mb < kMicroBatches; ++mb) {
+    for (int mb = 0; mb < micro_batches; ++mb) {
       opt.begin_micro_batch(mb);
       for (size_t p = numels.size(); p-- > 0;) {
         const ParamSlice& s = layout.slice(p);
@@ -98,6 +96,21 @@ TEST(PartitionedOptimizer, NvmeAccumulationMatchesMemoryAndReadsNoGradsBack) {
   const Trained split = train(OffloadTarget::kNvme, 1024, numels, seed, dir.path());
   EXPECT_EQ(split.params, memory.params);
   EXPECT_GT(split.bytes_read_before_step, 0u);
+}
+
+// One micro-batch, sub-groups of 1024 elements: the parameters (last first) cross sub-group
+// boundaries, and each sub-group is staged once, written once and never read back before
+// the step.
+TEST(PartitionedOptimizer, GradientsAcrossSubGroupsAreNotReadBackInTheBackwardOrder) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  TempDir dir;
+  const std::vector<uint64_t> numels = {3000, 1000, 500};
+  const Trained memory = train(OffloadTarget::kCpu, 1024, numels, seed, dir.path(), 1);
+  const Trained nvme = train(OffloadTarget::kNvme, 1024, numels, seed, dir.path(), 1);
+  EXPECT_EQ(nvme.params, memory.params);
+  EXPECT_EQ(nvme.bytes_read_before_step, 0u);
+  EXPECT_EQ(nvme.bytes_written_before_step, 4500u * sizeof(float));
 }
 
 }  // namespace
