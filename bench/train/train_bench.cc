@@ -101,7 +101,9 @@ int run_child(const Args& a) {
   engine::EngineOptions o = tools::engine_options(cfg, zero::LaunchEnv{}, seq, a.threads);
   o.steps_per_print = a.profile ? 1 : 0;
   o.wall_clock_breakdown = a.profile;
-  o.log = [](const std::string& line) { fmt::print(stderr, "[{}] {}\n", "engine", line); };
+  if (a.profile) {
+    o.log = [](const std::string& line) { fmt::print(stderr, "[engine] {}\n", line); };
+  }
   const int64_t micro = o.micro_batch_size;
   o.activation_bytes = engine::llama_activation_bytes(*model, micro, seq, 4);
 
