@@ -31,7 +31,7 @@ ParamSwapper::ParamSwapper(const ParamSwapperConfig& config, NvmeStore& store,
 ParamSwapper::~ParamSwapper() {
   for (Partition& p : partitions_) {
     p.reads.reset();
-    p.buffers.clear();
+    drop_buffers(p);
     for (ExtentId extent : p.chunks) {
       try {
         store_.free(extent);
@@ -165,7 +165,7 @@ void ParamSwapper::queue_reads(Partition& p) {
       }
       queue.reset();
     }
-    p.buffers.clear();
+    drop_buffers(p);
     throw;
   }
   p.reads = std::move(queue);
@@ -182,7 +182,7 @@ void ParamSwapper::wait_reads(Partition& p) {
     // What the buffers hold is unknown: drop them, so a later swap_in reads again. The
     // queue (drained by its wait) may have a broken handle: closed, never reused.
     p.reads.reset();
-    p.buffers.clear();
+    drop_buffers(p);
     throw;
   }
   return_queue(std::move(p.reads));
@@ -193,12 +193,18 @@ size_t ParamSwapper::prefetch(std::span<const ParamId> ids) {
   size_t queued = 0;
   for (ParamId id : ids) {
     Partition& p = get(id);
+    if (p.cached_at != 0) {
+      take_cached(p);  // its values are in its buffers already
+      ++queued;
+      continue;
+    }
     if (p.cpu != nullptr || !p.buffers.empty()) {
       continue;  // resident or already on its way
     }
     if (p.chunks.size() > pool_->buffer_count() || p.torn) {
       break;  // could never be swapped in (or is torn); swap_in reports it
     }
+    evict_for(p.chunks.size());
     std::vector<PinnedBufferPool::Lease> buffers = pool_->try_acquire(p.chunks.size());
     if (buffers.empty()) {
       break;  // the pool is busy: prefetch no further than it allows
@@ -221,6 +227,9 @@ ParamView ParamSwapper::swap_in(ParamId id) {
     return view;
   }
   check_not_torn(id, p);
+  if (p.cached_at != 0) {
+    take_cached(p);
+  }
   if (p.buffers.empty()) {
     if (p.chunks.size() > pool_->buffer_count()) {
       throw OffloadError(ErrorKind::kPool,
@@ -232,6 +241,7 @@ ParamView ParamSwapper::swap_in(ParamId id) {
                              std::to_string(pool_->buffer_count()) +
                              " (raise buffer_count or buffer_size, or use read())");
     }
+    evict_for(p.chunks.size());
     p.buffers = pool_->acquire(p.chunks.size());
     queue_reads(p);
   }
@@ -249,7 +259,51 @@ void ParamSwapper::release(ParamId id) {
   } catch (const OffloadError&) {
     // The data is being discarded: a failed read of it changes nothing.
   }
+  drop_buffers(p);
+}
+
+void ParamSwapper::release_cached(ParamId id) {
+  Partition& p = get(id);
+  if (p.cpu != nullptr || p.buffers.empty() || p.cached_at != 0) {
+    return;
+  }
+  try {
+    wait_reads(p);
+  } catch (const OffloadError&) {
+    return;  // wait_reads dropped the buffers: nothing to keep
+  }
+  p.cached_at = ++cache_clock_;
+}
+
+void ParamSwapper::drop_buffers(Partition& p) noexcept {
   p.buffers.clear();
+  p.cached_at = 0;
+}
+
+void ParamSwapper::take_cached(Partition& p) {
+  p.cached_at = 0;
+  cache_hits_.fetch_add(1);
+  cache_bytes_saved_.fetch_add(p.numel * config_.element_bytes);
+}
+
+void ParamSwapper::evict_for(size_t count) {
+  size_t leased = 0;
+  for (const Partition& p : partitions_) {
+    leased += p.buffers.size();
+  }
+  while (leased + count > pool_->buffer_count()) {
+    Partition* oldest = nullptr;
+    for (Partition& p : partitions_) {
+      if (p.cached_at != 0 && (oldest == nullptr || p.cached_at < oldest->cached_at)) {
+        oldest = &p;
+      }
+    }
+    if (oldest == nullptr) {
+      return;
+    }
+    leased -= oldest->buffers.size();
+    drop_buffers(*oldest);
+  }
 }
 
 void ParamSwapper::write_back(ParamId id, const void* data) {
@@ -298,7 +352,7 @@ void ParamSwapper::write_back_range(ParamId id, uint64_t offset, const void* dat
     // The view holds new values in the chunks written so far and old ones after: drop it.
     // If some chunk already took new values, the stored partition mixes old and new (each
     // extent may be valid, so the store cannot tell): refuse it until it is whole again.
-    p.buffers.clear();
+    drop_buffers(p);
     if (chunks_written > 0) {
       p.torn = true;
     }

@@ -45,6 +45,7 @@
 // partition is released or the swapper destroyed.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -113,6 +114,12 @@ class ParamSwapper {
 
   // Gives the partition's buffers back, discarding their contents (no write-back).
   void release(ParamId id);
+  // Done with the partition for now, its view unchanged: its buffers keep the values as a
+  // cache (waiting for its reads first), so the next prefetch() or swap_in() of it reads
+  // nothing from NVMe. Cached buffers go back to the pool, least recently cached first, as
+  // soon as another partition needs them; write_back() keeps a cached copy in step with the
+  // stored values. The caller must not have written into the view (use release() then).
+  void release_cached(ParamId id);
 
   // Stores new values of the whole partition, or of `numel` elements at `offset`, and
   // refreshes a resident view. On failure see "A failed write_back()" above.
@@ -126,6 +133,10 @@ class ParamSwapper {
   [[nodiscard]] uint64_t cpu_elements() const noexcept { return cpu_elements_; }
   [[nodiscard]] uint64_t pinned_bytes() const noexcept;
   [[nodiscard]] OffloadCounters counters() const;
+  // Swap-ins and prefetches served from buffers kept by release_cached(), and the NVMe
+  // bytes they did not read.
+  [[nodiscard]] uint64_t cache_hits() const noexcept { return cache_hits_.load(); }
+  [[nodiscard]] uint64_t cache_bytes_saved() const noexcept { return cache_bytes_saved_.load(); }
 
  private:
   using QueuePtr = std::unique_ptr<NvmeStore::Queue>;
@@ -141,6 +152,9 @@ class ParamSwapper {
     // A write-back failed after some chunks took new values: the stored chunks mix old and
     // new. Cleared by a successful write-back of the whole partition.
     bool torn = false;
+    // Non-zero while `buffers` are a cache kept by release_cached(): the order it was
+    // cached in (the smallest goes first when buffers are needed).
+    uint64_t cached_at = 0;
   };
 
   Partition& get(ParamId id);
@@ -155,6 +169,13 @@ class ParamSwapper {
   void queue_reads(Partition& p);
   // Waits for `p`'s reads (and nothing else). On failure drops its buffers and throws.
   void wait_reads(Partition& p);
+  // Drops the partition's buffers (and its cache mark).
+  void drop_buffers(Partition& p) noexcept;
+  // A cached partition taken back into use: its buffers stay, nothing is read.
+  void take_cached(Partition& p);
+  // Returns cached buffers to the pool, least recently cached first, until `count` more
+  // buffers than are leased now fit the pool (or no cache is left).
+  void evict_for(size_t count);
   // Throws OffloadError(kCorrupt) when partition `id` is torn (see Partition::torn).
   void check_not_torn(ParamId id, const Partition& p) const;
 
@@ -166,7 +187,10 @@ class ParamSwapper {
   std::vector<QueuePtr> idle_queues_;  // drained queues, reused by later reads and adds
   std::vector<Partition> partitions_;  // after idle_queues_: their in-flight queues drain first
   uint64_t cpu_elements_ = 0;
+  uint64_t cache_clock_ = 0;  // last Partition::cached_at given
   Counters counters_;
+  std::atomic<uint64_t> cache_hits_{0};
+  std::atomic<uint64_t> cache_bytes_saved_{0};
 };
 
 }  // namespace zinf::offload

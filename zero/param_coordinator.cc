@@ -18,6 +18,9 @@ constexpr size_t kNoUse = std::numeric_limits<size_t>::max();
 // Read, copy and gather windows, in multiples of stage3_prefetch_bucket_size.
 constexpr uint64_t kReadWindow = 4;
 constexpr uint64_t kCopyWindow = 2;
+// Reads ahead reach at least this many blocks of the trace: a block's reads are issued
+// while the block two before it computes, so the copy issued one block ahead finds them done.
+constexpr size_t kReadBlocks = 2;
 
 }  // namespace
 
@@ -253,11 +256,15 @@ void ParamCoordinator::prefetch_from(size_t position) {
   if (bucket == 0) {
     return;
   }
+  // The read window: 4 buckets, or the next kReadBlocks blocks when they hold more.
+  const size_t blocks_end = std::min(trace_.size(), position + 1 + kReadBlocks);
+  const uint64_t read_window =
+      std::max(kReadWindow * bucket, elements_before_[blocks_end] - elements_before_[position + 1]);
   // The distinct non-persistent parameters ahead, with the elements ahead of each.
   std::vector<std::pair<size_t, uint64_t>> ahead;
   uint64_t elements = 0;
   std::vector<bool> seen(params_.size(), false);
-  for (size_t j = position + 1; j < trace_.size() && elements < kReadWindow * bucket; ++j) {
+  for (size_t j = position + 1; j < trace_.size() && elements < read_window; ++j) {
     for (size_t p : blocks_[trace_[j]]) {
       if (params_[p].persistent || seen[p]) {
         continue;
@@ -269,7 +276,7 @@ void ParamCoordinator::prefetch_from(size_t position) {
   }
   // Level 1: reads, as far as pinned buffers allow.
   for (const auto& [p, before] : ahead) {
-    if (before >= kReadWindow * bucket) {
+    if (before >= read_window) {
       break;
     }
     if (params_[p].level >= kRead) {

@@ -9,8 +9,10 @@
 // trace:
 //   - Prefetch. After a block is entered, the parameters of the blocks that follow in the
 //     trace are brought closer in three levels, issued in order of their latency: NVMe
-//     reads for the next 4 x stage3_prefetch_bucket_size elements, host->device copies for
-//     the next 2 x, all-gathers for the next 1 x — each level issued for its whole window
+//     reads for the next 4 x stage3_prefetch_bucket_size elements (or, when they hold more,
+//     the next 2 blocks of the trace: a block's reads start while the block two before it
+//     computes, however small the bucket), host->device copies for the next 2 x, all-gathers
+//     for the next 1 x — each level issued for its whole window
 //     before the next level starts, so every level has the most time to finish before it is
 //     needed. All-gathers are issued in trace order and never beyond
 //     stage3_max_live_parameters gathered elements; they depend only on the trace and the

@@ -219,7 +219,8 @@ void ParamStore::drop_swap(Param& p) {
   }
   p.swapped_in = false;
   held_buffers_ -= chunks_of(p);
-  swapper_->release(p.swap_id);
+  // The store only reads the view: its buffers may serve the next fetch of this slice.
+  swapper_->release_cached(p.swap_id);
 }
 
 void ParamStore::start_copy(size_t m) {

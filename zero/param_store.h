@@ -17,7 +17,11 @@
 //           elements are the full parameter. With world size 1 there is nothing to gather:
 //           the device slice is the full parameter (for tier none, the resident slice itself).
 // Releasing waits for whatever is in flight and frees the device buffers, so the
-// accelerator's memory statistics show the real high-water of gathered parameters.
+// accelerator's memory statistics show the real high-water of gathered parameters. A
+// released nvme slice stays in the swapper's pinned buffers as a cache
+// (ParamSwapper::release_cached) until the pool needs them: a later fetch of it (the
+// backward after the forward, the next micro-batch) reads nothing from NVMe while the pool
+// holds it.
 //
 // The store knows nothing of LibTorch: `on_gathered(m, data)` and `on_released(m)` let the
 // caller bind a parameter's tensor to the gathered memory and unbind it again.

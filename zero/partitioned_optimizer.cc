@@ -146,6 +146,7 @@ void PartitionedOptimizer::begin_micro_batch(int micro_batch) {
   last_micro_batch_ = micro_batch + 1 == config_.gradient_accumulation_steps;
   std::fill(touched_.begin(), touched_.end(), false);
   if (micro_batch == 0) {
+    staged_ = -1;  // sums of an unfinished step (none after a complete one) are dropped
     std::fill(sumsq_.begin(), sumsq_.end(), 0.0);
     std::fill(nonfinite_.begin(), nonfinite_.end(), 0);
     std::fill(on_disk_.begin(), on_disk_.end(), false);
@@ -171,15 +172,21 @@ void PartitionedOptimizer::accumulate(uint64_t offset, const void* grads, DType 
   }
   const auto& groups = layout_.sub_groups();
   const uint64_t group_size = groups.front().numel;
-  while (numel > 0) {
-    const size_t g = static_cast<size_t>(offset / group_size);
+  const auto first = static_cast<size_t>(offset / group_size);
+  const auto last = static_cast<size_t>((offset + numel - 1) / group_size);
+  // A gradient across sub-groups goes in piece by piece, last first (the backward delivers
+  // gradients from the end of the partition to its start, so the staged sub-group is the
+  // last piece's, or none): a sub-group is finished before the next is staged, never written
+  // out and read back in the middle of the gradient. First first only when the staged
+  // sub-group is the first piece's (gradients delivered in partition order).
+  const bool descending = staged_ != static_cast<long>(first);
+  for (size_t k = 0; k <= last - first; ++k) {
+    const size_t g = descending ? last - k : first + k;
+    const uint64_t begin = std::max(offset, groups[g].offset);
+    const uint64_t end = std::min(offset + numel, groups[g].offset + groups[g].numel);
     stage(g);
-    const uint64_t within = offset - groups[g].offset;
-    const uint64_t take = std::min(numel, groups[g].numel - within);
-    accumulate_scaled(staging_[staged_slot_].as<float>() + within, src, dtype, take, scale);
-    src += take * element;
-    offset += take;
-    numel -= take;
+    accumulate_scaled(staging_[staged_slot_].as<float>() + (begin - groups[g].offset),
+                      src + (begin - offset) * element, dtype, end - begin, scale);
   }
 }
 
@@ -190,6 +197,7 @@ void PartitionedOptimizer::wait_write() {
 }
 
 void PartitionedOptimizer::stage(size_t sub_group) {
+  touched_[sub_group] = true;
   if (staged_ == static_cast<long>(sub_group)) {
     return;
   }
@@ -242,13 +250,16 @@ void PartitionedOptimizer::end_micro_batch() {
     }
     return;
   }
+  if (!last_micro_batch_) {
+    // The staged sub-group keeps its sums for the next micro-batch (the first it touches,
+    // after the backward's reverse order, is usually this one): not written and read back.
+    wait_write();
+    return;
+  }
   if (staged_ >= 0) {
     flush_staged();
   }
   wait_write();
-  if (!last_micro_batch_) {
-    return;
-  }
   // Sub-groups no gradient reached in the last micro-batch: their final values are what the
   // swap file holds (measure them), or zeros when nothing reached them in the whole step.
   for (size_t g = 0; g < groups.size(); ++g) {

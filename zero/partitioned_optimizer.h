@@ -12,7 +12,10 @@
 // pinned staging buffer one sub-group at a time (two buffers: one is written to its swap
 // file in the background while the next fills), so each sub-group's grads are written once
 // per micro-batch, as a whole; a sub-group revisited out of order, or one that holds the
-// sums of earlier micro-batches, is read back first.
+// sums of earlier micro-batches, is read back first. The sub-group staged at the end of a
+// micro-batch stays staged into the next one (written only when another sub-group needs
+// the buffer, or at the last micro-batch): with one sub-group, the grads are written once
+// per step and never read back before the step.
 //
 // Global norm and overflow without an extra pass over NVMe: when a sub-group's grads are
 // final (last micro-batch) its sum of squares and its count of NaN/Inf values are taken

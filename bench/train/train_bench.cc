@@ -1,11 +1,16 @@
 // bench/train: what offloading costs in training throughput. The bare `zinf train` model and
 // config (tools/train_config.h: stage 3, fp32, one decoder layer gathered at a time) trained
 // with its params and optimizer states (a) on the accelerator, (b) on CPU, (c) on NVMe
-// (max_in_cpu 0), on the default corpus from the same seed. Each mode runs in a child process
-// of this program (its own peak RSS); the modes are interleaved over --rounds rounds in a
-// rotated order; medians of tokens/s and of each round's ratio to the no-offload run.
+// (max_in_cpu 0; offload_param.buffer_count one per parameter unless --param-buffers says
+// otherwise, so the param pool holds every slice), on the default corpus from the same seed. Each
+// mode runs in a child process of this program (its own peak RSS); the modes are interleaved over
+// --rounds rounds in a rotated order; medians of tokens/s and of each round's ratio to the
+// no-offload run.
 //
 //   build/bench/train/zinf_train_bench [--model small] [--steps 8] [--warmup 2] [--rounds 2]
+//                                      [--param-buffers N] [--profile]
+// --profile prints, per step of each mode, the engine's wall-clock breakdown (forward,
+// backward, step, time blocked per tier) and the NVMe bytes each tier read and wrote.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <stdlib.h>
@@ -40,8 +45,10 @@ struct Args {
   int warmup = 2;
   int rounds = 2;
   int threads = 2;
+  int param_buffers = 0;  // nvme: offload_param.buffer_count; 0: one per parameter
   std::string nvme_path = "/var/tmp";
-  std::string child;  // internal: run one mode and print a RESULT line
+  bool profile = false;  // per-step wall-clock breakdown and bytes per tier (stderr)
+  std::string child;     // internal: run one mode and print a RESULT line
 };
 
 uint64_t peak_rss() {
@@ -67,6 +74,14 @@ int run_child(const Args& a) {
     std::string pattern = (fs::path(a.nvme_path) / "zinf-bench-XXXXXX").string();
     if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp in " + a.nvme_path);
     swap = pattern;
+    // What a DeepSpeed user sets when the pinned memory allows: a param pool that holds
+    // every parameter slice (buffer_size is already the largest parameter), so the params
+    // read for one micro-batch's forward serve its backward and the next micro-batches
+    // (ParamSwapper::release_cached) instead of being read from NVMe again. max_in_cpu
+    // stays 0: every slice lives on NVMe and each step's new values are written there.
+    z["offload_param"]["buffer_count"] = a.param_buffers > 0
+                                             ? static_cast<size_t>(a.param_buffers)
+                                             : engine::llama_parameter_shapes(*model).size();
   } else {
     z.erase("offload_param");
     z.erase("offload_optimizer");
@@ -84,7 +99,11 @@ int run_child(const Args& a) {
   const config::RunConfig cfg =
       tools::resolve_run_config(root, "bench " + a.child, overrides, *model, nullptr);
   engine::EngineOptions o = tools::engine_options(cfg, zero::LaunchEnv{}, seq, a.threads);
-  o.steps_per_print = 0;
+  o.steps_per_print = a.profile ? 1 : 0;
+  o.wall_clock_breakdown = a.profile;
+  if (a.profile) {
+    o.log = [](const std::string& line) { fmt::print(stderr, "[engine] {}\n", line); };
+  }
   const int64_t micro = o.micro_batch_size;
   o.activation_bytes = engine::llama_activation_bytes(*model, micro, seq, 4);
 
@@ -99,6 +118,7 @@ int run_child(const Args& a) {
     engine::Engine eng(module, o, [](const std::string& name, at::Tensor& full) {
       engine::init_parameter(1234, name, full);
     });
+    zero::ZeroModelStats prev = eng.zero_model().stats();
     for (int s = 0; s < a.steps; ++s) {
       const engine::StepReport r = eng.train_batch([&](int) {
         loader.next(micro, in, tg);
@@ -107,12 +127,32 @@ int run_child(const Args& a) {
         return module->loss(x, y);
       });
       last_loss = r.loss;
+      if (a.profile) {
+        const zero::ZeroModelStats st = eng.zero_model().stats();
+        fmt::print(
+            stderr,
+            "[{}] step {} {:.3f} s | param nvme read {} | optimizer nvme read {} "
+            "written {} | param wait {:.3f} s (block wait {:.3f} s) | param swap I/O "
+            "wait {:.3f} s | optimizer I/O wait {:.3f} s\n",
+            a.child, s + 1, r.seconds,
+            engine::format_bytes(st.param_swap.nvme_bytes_read - prev.param_swap.nvme_bytes_read),
+            engine::format_bytes(st.optimizer_swap.nvme_bytes_read -
+                                 prev.optimizer_swap.nvme_bytes_read),
+            engine::format_bytes(st.optimizer_swap.nvme_bytes_written -
+                                 prev.optimizer_swap.nvme_bytes_written),
+            st.params.wait_seconds - prev.params.wait_seconds,
+            st.coordinator.block_wait_seconds - prev.coordinator.block_wait_seconds,
+            st.param_swap.io_wait_seconds - prev.param_swap.io_wait_seconds,
+            st.optimizer_swap.io_wait_seconds - prev.optimizer_swap.io_wait_seconds);
+        prev = st;
+      }
       if (s >= a.warmup) {
         timed_seconds += r.seconds;
         timed_tokens += static_cast<double>(micro * seq * eng.gradient_accumulation_steps());
       }
     }
     mem = eng.memory_report();
+    if (a.profile) fmt::print(stderr, "[{}] {}\n", a.child, eng.counters_line());
   }
   if (!swap.empty()) fs::remove_all(swap);
   fmt::print("RESULT {} {:.3f} {} {:.3f} {:.4f} {} {} {}\n", a.child,
@@ -132,9 +172,11 @@ struct Result {
 };
 
 Result spawn(const std::string& self, const Args& a, const std::string& mode) {
-  const std::string cmd =
-      fmt::format("'{}' --child {} --model {} --steps {} --warmup {} --threads {} --nvme-path '{}'",
-                  self, mode, a.model, a.steps, a.warmup, a.threads, a.nvme_path);
+  const std::string cmd = fmt::format(
+      "'{}' --child {} --model {} --steps {} --warmup {} --threads {} --nvme-path '{}' "
+      "--param-buffers {}{}",
+      self, mode, a.model, a.steps, a.warmup, a.threads, a.nvme_path, a.param_buffers,
+      a.profile ? " --profile" : "");
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) throw std::runtime_error("cannot start " + cmd);
   std::string out;
@@ -177,6 +219,12 @@ int main(int argc, char** argv) {
   app.add_option("--threads", a.threads, "Compute threads")->capture_default_str();
   app.add_option("--nvme-path", a.nvme_path, "Folder of the NVMe swap files")
       ->capture_default_str();
+  app.add_option("--param-buffers", a.param_buffers,
+                 "NVMe mode: offload_param.buffer_count (0: one buffer per parameter, so the "
+                 "pool holds every slice; the bare config has 4)")
+      ->capture_default_str();
+  app.add_flag("--profile", a.profile,
+               "Per step: wall-clock breakdown, bytes read and written per tier, time blocked");
   app.add_option("--child", a.child)->group("");
   CLI11_PARSE(app, argc, argv);
   try {

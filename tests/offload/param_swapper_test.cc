@@ -63,6 +63,31 @@ ParamSwapperConfig small_config() {
   return config;
 }
 
+// A swapper of small_config() with every partition on NVMe (max_in_cpu 0), over a fresh
+// store in a temp dir.
+struct NvmeOnlyRig {
+  static ParamSwapperConfig config() {
+    ParamSwapperConfig c = small_config();
+    c.max_in_cpu = 0;
+    return c;
+  }
+  TempDir dir;
+  NvmeStore store{store_config(dir.path())};
+  ParamSwapper swapper{config(), store};
+};
+
+// Adds partitions of the given sizes with random values (appended to `values`).
+std::vector<ParamId> add_random(ParamSwapper& swapper, std::mt19937& rng,
+                                const std::vector<uint64_t>& sizes,
+                                std::vector<std::vector<uint16_t>>& values) {
+  std::vector<ParamId> ids;
+  for (uint64_t n : sizes) {
+    values.push_back(random_half(rng, n));
+    ids.push_back(swapper.add(n, values.back().data()));
+  }
+  return ids;
+}
+
 class ParamSwapperMedia : public ::testing::TestWithParam<bool> {};
 
 TEST_P(ParamSwapperMedia, RoundTripsAcrossTiersAndBufferSizes) {
@@ -147,17 +172,10 @@ TEST(ParamSwapper, PrefetchReleaseAndWriteBack) {
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
-  TempDir dir;
-  NvmeStore store(store_config(dir.path()));
-  ParamSwapperConfig config = small_config();
-  config.max_in_cpu = 0;  // everything on NVMe
-  ParamSwapper swapper(config, store);
+  NvmeOnlyRig rig;
+  ParamSwapper& swapper = rig.swapper;
   std::vector<std::vector<uint16_t>> values;
-  std::vector<ParamId> ids;
-  for (uint64_t n : {1500, 700, 900, 2000}) {
-    values.push_back(random_half(rng, n));
-    ids.push_back(swapper.add(n, values.back().data()));
-  }
+  const std::vector<ParamId> ids = add_random(swapper, rng, {1500, 700, 900, 2000}, values);
   // 2 + 1 + 1 buffers fit in the pool of 4; the fourth partition (2 buffers) does not.
   EXPECT_EQ(swapper.prefetch(ids), 3u);
   EXPECT_TRUE(swapper.resident(ids[2]));
@@ -188,15 +206,64 @@ TEST(ParamSwapper, PrefetchReleaseAndWriteBack) {
   EXPECT_GT(c.nvme_bytes_written, 0u);
 }
 
+// release_cached(): the buffers keep the values, so fetching the partition again reads
+// nothing from NVMe; a write-back keeps the cache in step; another partition that needs the
+// buffers takes them (least recently cached first), and the next swap-in reads again.
+TEST(ParamSwapper, ReleaseCachedServesTheNextSwapInWithoutAReadUntilEvicted) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  NvmeOnlyRig rig;
+  ParamSwapper& swapper = rig.swapper;
+  std::vector<std::vector<uint16_t>> values;  // 2 + 1 + 2 buffers of a pool of 4:
+  const std::vector<ParamId> ids = add_random(swapper, rng, {1500, 700, 2000}, values);
+  auto nvme_read = [&] { return swapper.counters().nvme_bytes_read; };
+  EXPECT_EQ(gather(swapper.swap_in(ids[0])), values[0]);
+  swapper.release_cached(ids[0]);
+  EXPECT_TRUE(swapper.resident(ids[0]));
+  uint64_t read = nvme_read();
+  EXPECT_EQ(gather(swapper.swap_in(ids[0])), values[0]);  // from the cache
+  EXPECT_EQ(nvme_read(), read);
+  EXPECT_EQ(swapper.cache_hits(), 1u);
+  EXPECT_EQ(swapper.cache_bytes_saved(), 1500u * 2);
+  swapper.release_cached(ids[0]);
+  // A prefetch takes a cached partition back into use (and counts it) without a read.
+  EXPECT_EQ(swapper.prefetch(std::vector<ParamId>{ids[0]}), 1u);
+  EXPECT_EQ(nvme_read(), read);
+  swapper.release_cached(ids[0]);
+  // A write-back refreshes the cached copy.
+  std::vector<uint16_t> patch = random_half(rng, 300);
+  swapper.write_back_range(ids[0], 900, patch.data(), patch.size());
+  std::copy(patch.begin(), patch.end(), values[0].begin() + 900);
+  EXPECT_EQ(gather(swapper.swap_in(ids[0])), values[0]);
+  EXPECT_EQ(nvme_read(), read);
+  EXPECT_EQ(swapper.cache_hits(), 3u);
+  swapper.release_cached(ids[0]);
+  // ids[1] (1 buffer) fits beside the 2 cached ones; then ids[2] (2 buffers) needs one of
+  // them: ids[0], cached first, goes; ids[1] stays cached.
+  EXPECT_EQ(gather(swapper.swap_in(ids[1])), values[1]);
+  swapper.release_cached(ids[1]);
+  EXPECT_TRUE(swapper.resident(ids[0]));
+  EXPECT_EQ(gather(swapper.swap_in(ids[2])), values[2]);
+  EXPECT_FALSE(swapper.resident(ids[0]));
+  EXPECT_TRUE(swapper.resident(ids[1]));
+  EXPECT_EQ(swapper.counters().pool_high_water, 3u);  // 2 + 1, then 1 + 2
+  read = nvme_read();
+  EXPECT_EQ(gather(swapper.swap_in(ids[1])), values[1]);  // still cached
+  EXPECT_EQ(nvme_read(), read);
+  swapper.release(ids[2]);
+  swapper.release(ids[1]);  // release() discards the cache too
+  EXPECT_FALSE(swapper.resident(ids[1]));
+  EXPECT_EQ(gather(swapper.swap_in(ids[0])), values[0]);  // read again, with its patch
+  EXPECT_EQ(nvme_read(), read + 1500u * 2);
+}
+
 TEST(ParamSwapper, RequestsThePoolCanNeverMeetFailAtOnce) {
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   std::mt19937 rng(seed);
-  TempDir dir;
-  NvmeStore store(store_config(dir.path()));
-  ParamSwapperConfig config = small_config();
-  config.max_in_cpu = 0;
-  ParamSwapper swapper(config, store);
+  NvmeOnlyRig rig;
+  ParamSwapper& swapper = rig.swapper;
   const std::vector<uint16_t> big = random_half(rng, 4500);  // 5 buffers > 4
   const ParamId too_big = swapper.add(big.size(), big.data());
   try {
@@ -610,11 +677,9 @@ TEST(ParamSwapper, DestroyedSwapperReturnsItsExtents) {
 }
 
 TEST(ParamSwapper, OutOfSpaceOnFirstWrite) {
-  TempDir dir;
-  NvmeStore store(store_config(dir.path()));
-  ParamSwapperConfig config = small_config();
-  config.max_in_cpu = 0;
-  ParamSwapper swapper(config, store);
+  NvmeOnlyRig rig;
+  NvmeStore& store = rig.store;
+  ParamSwapper& swapper = rig.swapper;
   (void)store.allocate(uint64_t{1} << 60);  // someone else's huge reservation
   const std::vector<uint16_t> v(10, 1);
   try {

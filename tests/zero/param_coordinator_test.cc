@@ -262,6 +262,40 @@ TEST(ParamCoordinator, ReplayPrefetchesTheNextBlocksInTraceOrderWithinTheBucket)
   EXPECT_EQ(f.live_, 0u);
 }
 
+// Blocks larger than the read window of 4 buckets: the reads ahead still cover the next two
+// blocks of the trace (so each block's reads start two blocks before it runs), no further.
+TEST(ParamCoordinator, ReadsAheadCoverTheNextTwoBlocksWhenTheBucketIsSmall) {
+  Model m(5, 3, {100});
+  CoordinatorConfig config{20, 100'000, 0};  // 4 buckets: 80 elements, less than one param
+  FakeFetcher f(m.numels, m.persistent, config.max_live_parameters);
+  ParamCoordinator c(config, m.numels, m.blocks, m.persistent, f);
+  const std::vector<size_t> trace = m.forward_backward();
+  run_pass(c, f, m, trace);
+  for (size_t k = 0; k < 3; ++k) {  // enter blocks 0, 1, 2 of the replay
+    if (k == 0) c.begin_pass();
+    f.events.clear();
+    c.enter(trace[k]);
+    std::vector<size_t> read_ahead;
+    for (const Event& e : f.events) {
+      if (e.kind == 'r' && e.param >= 3 * (k + 1)) read_ahead.push_back(e.param);
+    }
+    // Entering block 0 reads blocks 1 and 2 (params 3..8); each later block adds the block
+    // two ahead of it (its next one was read before).
+    const std::vector<size_t> expected =
+        k == 0 ? std::vector<size_t>{3, 4, 5, 6, 7, 8}
+               : std::vector<size_t>{3 * (k + 2), 3 * (k + 2) + 1, 3 * (k + 2) + 2};
+    EXPECT_EQ(read_ahead, expected) << "entering block " << k;
+    c.leave(trace[k]);
+  }
+  for (size_t k = 3; k < trace.size(); ++k) {
+    c.enter(trace[k]);
+    f.expect_usable(m.blocks[trace[k]]);
+    c.leave(trace[k]);
+  }
+  c.end_pass();
+  EXPECT_EQ(f.live_, 0u);
+}
+
 // A random model (sizes, persistence, and with `ties` blocks that also use a parameter of
 // another block) with a random config whose live limit fits its largest block, and a
 // random pinned-buffer budget for reads ahead.
