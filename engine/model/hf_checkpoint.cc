@@ -151,6 +151,21 @@ LlamaConfig read_hf_llama_config(const std::string& config_path, std::string* to
   c.max_seq_len = r.positive_or("max_position_embeddings", 2048);
   c.rms_norm_eps = r.number_or("rms_norm_eps", 1e-6);
   c.rope_theta = r.number_or("rope_theta", 10000.0);
+  // Recent transformers (5.x) write the rotary settings as "rope_parameters": {"rope_theta":
+  // ..., "rope_type": "default"}; only the default (unscaled) type is what the model computes.
+  if (const nlohmann::json* rope = r.get("rope_parameters")) {
+    if (!rope->is_object()) {
+      r.fail("rope_parameters", fmt::format("must be an object, not {}", rope->dump()));
+    }
+    const ConfigReader nested(config_path + " \"rope_parameters\"", *rope);
+    c.rope_theta = nested.number_or("rope_theta", c.rope_theta);
+    const std::string type = nested.string_or("rope_type", "default");
+    if (type != "default") {
+      nested.fail("rope_type", fmt::format("is \"{}\": zinf's Llama supports plain rotary "
+                                           "positions only (\"default\")",
+                                           type));
+    }
+  }
   c.tie_embeddings = r.boolean_or("tie_word_embeddings", false);
 
   const int64_t kv_heads = r.positive_or("num_key_value_heads", c.num_heads);

@@ -58,8 +58,8 @@ EngineOptions options_for(const Case& c, const std::string& nvme) {
 ::testing::AssertionResult consolidate(const std::string& checkpoint, const std::string& out,
                                        const std::string& extra) {
   const std::string log = out + ".log";
-  const std::string command = std::string(ZINF_BINARY) + " zero-to-fp32 -q '" + checkpoint +
-                              "' '" + out + "' " + extra + " > '" + log + "' 2>&1";
+  const std::string command = std::string(ZINF_BINARY) + " zero-to-fp32 -q '" + checkpoint + "' '" +
+                              out + "' " + extra + " > '" + log + "' 2>&1";
   if (std::system(command.c_str()) == 0) return ::testing::AssertionSuccess();
   std::ifstream in(log);
   return ::testing::AssertionFailure() << command << " failed:\n"

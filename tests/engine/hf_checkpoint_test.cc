@@ -128,6 +128,55 @@ TEST(HfCheckpoint, LogitsMatchAHuggingFaceLlamaForward) {
   }
 }
 
+// Rewrites `folder`/config.json after `edit` changed it.
+void edit_config(const std::string& folder, const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json c;
+  std::ifstream(folder + "/config.json") >> c;
+  edit(c);
+  std::ofstream(folder + "/config.json") << c.dump(2);
+}
+
+// Folders written by Hugging Face transformers 5.17 itself (save_pretrained, on a machine
+// that has it: data/transformers/make_transformers_llama.py) with the logits its
+// LlamaForCausalLM (eager attention, fp32) computed: an untied fp32 model in one file and a
+// tied bf16 model in two shards. Their config.json holds the rotary base under
+// "rope_parameters" and the dtype under "dtype", as transformers 5 writes them.
+TEST(HfCheckpoint, FoldersWrittenByTransformersGiveItsLogits) {
+  for (const char* name : {"llama_untied_fp32", "llama_tied_bf16_sharded"}) {
+    SCOPED_TRACE(name);
+    const std::string folder = std::string(ZINF_TRANSFORMERS_DIR) + "/" + name;
+    const HfCheckpoint ckpt = HfCheckpoint::open(folder);
+    EXPECT_EQ(ckpt.config().hidden_size, 64);
+    EXPECT_EQ(ckpt.config().num_layers, 2);
+    EXPECT_EQ(ckpt.config().tie_embeddings, std::string(name).find("_tied") != std::string::npos);
+    const SafetensorsReader expected =
+        SafetensorsReader::open(folder + "/expected_logits.safetensors");
+    const at::Tensor tokens = tensor_of(expected, "tokens", at::kLong).unsqueeze(0);
+    const at::Tensor want = tensor_of(expected, "logits", at::kFloat);
+    const at::Tensor got = engine_logits(ckpt, tokens)[0];
+    ASSERT_EQ(got.sizes(), want.sizes());
+    const double diff = (got - want).abs().max().item<double>();
+    EXPECT_LE(diff, kLogitTolerance) << "largest |logit| " << want.abs().max().item<double>();
+    std::cout << "LOGITS transformers " << name << ": max |zinf - transformers| " << diff
+              << " (largest |logit| " << want.abs().max().item<double>() << ")\n";
+  }
+  // The rotary base is read from "rope_parameters"; a scaled rotary type is refused.
+  ::zinf::testing::TempDir dir;
+  const std::string copy = dir.file("copy");
+  fs::copy(std::string(ZINF_TRANSFORMERS_DIR) + "/llama_untied_fp32", copy,
+           fs::copy_options::recursive);
+  edit_config(copy, [](nlohmann::json& j) { j["rope_parameters"]["rope_theta"] = 500000.0; });
+  EXPECT_DOUBLE_EQ(HfCheckpoint::open(copy).config().rope_theta, 500000.0);
+  edit_config(copy, [](nlohmann::json& j) { j["rope_parameters"]["rope_type"] = "llama3"; });
+  try {
+    (void)HfCheckpoint::open(copy);
+    ADD_FAILURE() << "a llama3 rope_type was accepted";
+  } catch (const HfCheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"rope_type\" is \"llama3\""), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(HfCheckpoint, ReadConvertsEachDtypeToTheStoredValues) {
   ::zinf::testing::TempDir dir;
   ASSERT_TRUE(make_folder(dir.file("bf16"), "--dtype bfloat16 --tied"));
@@ -200,13 +249,6 @@ class HfCheckpointErrors : public ::testing::Test {
     const std::string to = work_.file(base);
     fs::copy(dir_->file(base), to, fs::copy_options::recursive);
     return to;
-  }
-  static void edit_config(const std::string& folder,
-                          const std::function<void(nlohmann::json&)>& edit) {
-    nlohmann::json c;
-    std::ifstream(folder + "/config.json") >> c;
-    edit(c);
-    std::ofstream(folder + "/config.json") << c.dump(2);
   }
   struct Entry {
     TensorSpec spec;
