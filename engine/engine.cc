@@ -318,7 +318,8 @@ void Engine::apply_step() {
         "step {} | loss {:.4f} | lr {:.3e} | loss scale {:g} | skipped {} | {:.2f} samples/s",
         global_steps_, loss, lr, scale, skipped_steps_, report_.samples_per_second);
     if (options_.tokens_per_sample > 0) {
-      line += fmt::format(" | {:.0f} tokens/s", report_.tokens_per_second);
+      const double tps = report_.tokens_per_second;  // decimals only where they mean something
+      line += fmt::format(" | {:.{}f} tokens/s", tps, tps < 10 ? 2 : tps < 100 ? 1 : 0);
     }
     log(line);
     if (options_.wall_clock_breakdown) {

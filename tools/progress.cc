@@ -37,9 +37,12 @@ std::string Progress::status(int64_t step) const {
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const auto eta = eta_seconds();
-  return fmt::format("step {}/{}  loss {:.4f}  {:.0f} tokens/s  {} < {}", step, total_, loss_,
-                     tokens_per_second_, format_duration(elapsed),
-                     eta ? format_duration(*eta) : std::string("?"));
+  const double tps = tokens_per_second_;  // decimals only where they mean something
+  return fmt::format("step {}/{}  loss {:.4f}  {:.{}f} tokens/s  {} < {}", step, total_, loss_, tps,
+                     tps < 10    ? 2
+                     : tps < 100 ? 1
+                                 : 0,
+                     format_duration(elapsed), eta ? format_duration(*eta) : std::string("?"));
 }
 
 void Progress::update(int64_t step, double loss, double tokens_per_second) {

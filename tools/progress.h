@@ -18,6 +18,10 @@
 
 namespace zinf::tools {
 
+// Decimals worth printing for a rate such as tokens/s: 2 below 10, 1 below 100, else none
+// (a slow run shows "0.25 tokens/s", not "0 tokens/s").
+[[nodiscard]] inline int rate_decimals(double rate) { return rate < 10 ? 2 : rate < 100 ? 1 : 0; }
+
 class Progress {
  public:
   // `stream` is where the bar goes (stderr by default); `terminal`: nullopt detects it.

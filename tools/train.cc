@@ -177,6 +177,8 @@ std::string default_train_config(uint64_t memory_budget_bytes, uint64_t buffer_n
                      scheduler, buffer_numel, live_numel, memory_budget_bytes);
 }
 
+std::string model_names() { return engine::named_llama_list(); }
+
 int run_train(const TrainArgs& args) {
   InterruptScope interrupt_scope;
   const bool bare = args.config.empty();
@@ -412,9 +414,13 @@ int run_train(const TrainArgs& args) {
                  static_cast<double>(params) / 1e6, engine::format_bytes(states),
                  engine::format_bytes(options.memory_budget), options.accelerator);
       fmt::print(
-          "throughput  {:.0f} tokens/s ({:.2f} s/step, {} tokens/step, {} rank(s) x {} "
+          "throughput  {:.{}f} tokens/s ({:.2f} s/step, {} tokens/step, {} rank(s) x {} "
           "thread(s))\n",
-          tps, tps > 0 ? static_cast<double>(tokens_per_step) / tps : 0.0, tokens_per_step,
+          tps,
+          tps < 10    ? 2
+          : tps < 100 ? 1
+                      : 0,
+          tps > 0 ? static_cast<double>(tokens_per_step) / tps : 0.0, tokens_per_step,
           launch.world_size, threads);
       fmt::print("memory      planned and measured peak per tier (rank 0):\n{}", mem.table());
       fmt::print(

@@ -45,6 +45,9 @@ struct TrainArgs {
 };
 
 inline constexpr const char* kBareModel = "small";
+
+// The named model sizes `--model` takes ("tiny, small, ..."), for the help text.
+[[nodiscard]] std::string model_names();
 inline constexpr int64_t kDefaultSteps = 60;
 inline constexpr int64_t kBareSeqLen = 64;
 

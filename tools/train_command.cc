@@ -21,7 +21,7 @@ void add_train_commands(CLI::App& app, int& exit_code) {
   cmd->add_option("--config", args->config,
                   "DeepSpeed JSON config (default: the embedded bare config)");
   cmd->add_option("--model", args->model,
-                  fmt::format("Model size: tiny, small, 125m, 350m, 1b (default {})", kBareModel));
+                  fmt::format("Model size: {} (default {})", model_names(), kBareModel));
   cmd->add_option("--steps", args->steps,
                   fmt::format("Optimizer steps (default {})", kDefaultSteps));
   cmd->add_option("--data", args->data,

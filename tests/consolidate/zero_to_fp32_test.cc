@@ -511,13 +511,21 @@ TEST_F(ZeroToFp32Test, PeakMemoryStaysFarBelowTheCheckpointSize) {
   const zinf::testing::ZinfRun run = zinf::testing::run_zinf(
       {"zero-to-fp32", big, output("big_out"), "--threads", "2", "--chunk-size", "1MiB"});
   ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
-  const size_t at = run.out.find("peak RSS ");
-  ASSERT_NE(at, std::string::npos) << run.out;
-  const double peak_mib = std::stod(run.out.substr(at + 9));
+  const auto peak_rss_mib = [](const zinf::testing::ZinfRun& r) {
+    const size_t at = r.out.find("peak RSS ");
+    EXPECT_NE(at, std::string::npos) << r.out;
+    return at == std::string::npos ? 0.0 : std::stod(r.out.substr(at + 9));
+  };
+  // The binary's own footprint (LibTorch's libraries alone take ~160 MiB when the CLI is
+  // built with it): the peak of consolidating a tiny fixture with the same options.
+  const zinf::testing::ZinfRun small =
+      zinf::testing::run_zinf({"zero-to-fp32", checkpoint("s1_ws1_fp16"), output("small_out"),
+                               "--threads", "2", "--chunk-size", "1MiB"});
+  ASSERT_EQ(small.exit_code, 0) << small.out << small.err;
   const double output_mib =
       static_cast<double>(fs::file_size(output("big_out") + "/pytorch_model.bin")) / (1 << 20);
   EXPECT_GT(output_mib, 240.0);
-  EXPECT_LT(peak_mib, 100.0) << run.out;
+  EXPECT_LT(peak_rss_mib(run) - peak_rss_mib(small), 100.0) << run.out << small.out;
 }
 
 }  // namespace
