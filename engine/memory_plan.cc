@@ -102,7 +102,11 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   // persistent ones. With offloaded params also the device copies the coordinator starts
   // ahead of use (zero/param_coordinator.cc): every non-persistent parameter that begins
   // less than 2 x stage3_prefetch_bucket_size elements ahead, so up to that window plus one
-  // parameter, not yet counted as live. One rank: a copy is the full parameter. Several
+  // parameter, not yet counted as live. The param pool does not bound them: it limits reads
+  // ahead only, a copy forces its read (zero/param_store.cc start_copy) and its device
+  // buffer stays until the parameter is released. The window opens from the second pass
+  // on (the first records the trace and fetches on demand), so a run of one micro-batch
+  // measures far less than this. One rank: a copy is the full parameter. Several
   // ranks: a copy is a slice (ceil(numel / world) elements, hence + one element per
   // parameter), and a slice stays until its all-gather completes, so besides the window's
   // slices the live parameters' slices can all be there at once (a block's all-gathers are
