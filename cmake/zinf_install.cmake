@@ -25,6 +25,7 @@ set(_zinf_install_libraries
     zinf_optimizer_cpu
     zinf_offload
     zinf_serialization
+    zinf_consolidate
     zinf_config
     zinf_data
     zinf_comm
