@@ -1,14 +1,17 @@
 #include "engine/serialization/atomic_file.h"
 
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <new>
 #include <random>
 
 #include "engine/serialization/serialization_error.h"
@@ -16,15 +19,60 @@
 namespace zinf::serialization {
 namespace {
 
-constexpr size_t kBufferBytes = size_t{1} << 20;
-
 std::string errno_text(const std::string& op, int error) {
   return op + " failed: " + std::strerror(error);
 }
 
+// The outcome of writing a whole range: error 0 when it was all written; otherwise the errno
+// (-1: no progress) at `offset`, in a call for `chunk` bytes.
+struct PwriteResult {
+  int error = 0;
+  uint64_t offset = 0;
+  size_t chunk = 0;
+};
+
+// pwrite of all `length` bytes, short writes continued, EINTR retried. Thread-safe.
+PwriteResult pwrite_all(int fd, const uint8_t* bytes, uint64_t length, uint64_t offset) {
+  while (length > 0) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(length, uint64_t{1} << 30));
+    const ssize_t done = ::pwrite(fd, bytes, chunk, static_cast<off_t>(offset));
+    if (done < 0) {
+      const int error = errno;
+      if (error == EINTR) continue;
+      return {error, offset, chunk};
+    }
+    if (done == 0) return {-1, offset, chunk};
+    bytes += done;
+    length -= static_cast<uint64_t>(done);
+    offset += static_cast<uint64_t>(done);
+  }
+  return {};
+}
+
+std::string describe(const PwriteResult& r) {
+  const std::string op = "pwrite of " + std::to_string(r.chunk) + " bytes";
+  return r.error < 0 ? op + " made no progress" : errno_text(op, r.error);
+}
+
+void warn_buffered(const std::string& path) {
+  static std::atomic<bool> warned{false};
+  if (!warned.exchange(true)) {
+    spdlog::warn(
+        "serialization: '{}' is on a filesystem that refuses O_DIRECT; writing through "
+        "the page cache (said once)",
+        path);
+  }
+}
+
 }  // namespace
 
-AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+void AtomicFile::FreeAligned::operator()(uint8_t* p) const noexcept { std::free(p); }
+
+AtomicFile::AtomicFile(std::string path, Mode mode) : path_(std::move(path)) {
+  for (auto& stage : stages_) {
+    stage.reset(static_cast<uint8_t*>(std::aligned_alloc(kBlock, kStageBytes)));
+    if (stage == nullptr) throw std::bad_alloc();
+  }
   // Not mkstemp: its files are mode 0600, and the file keeps its temporary file's mode after
   // the rename. Opened with 0666 the file gets the mode the umask gives any new file.
   static std::atomic<uint64_t> counter{0};
@@ -39,24 +87,43 @@ AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
     if (fd >= 0) {
       fd_ = fd;
       temp_path_ = std::move(candidate);
-      buffer_.reserve(kBufferBytes);
-      return;
+      break;
     }
     error = errno;
     if (error != EEXIST && error != EINTR) {
       throw SerializationError(candidate, kNoOffset, errno_text("open", error));
     }
   }
-  throw SerializationError(path_ + ".tmp.*", kNoOffset, errno_text("open", error));
+  if (fd_ < 0) throw SerializationError(path_ + ".tmp.*", kNoOffset, errno_text("open", error));
+  if (mode == Mode::kDirect) {
+    direct_fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
+    if (direct_fd_ < 0) {
+      const int open_error = errno;
+      if (open_error != EINVAL) {
+        ::close(fd_);
+        ::unlink(temp_path_.c_str());
+        throw SerializationError(temp_path_, kNoOffset,
+                                 errno_text("open with O_DIRECT", open_error));
+      }
+      warn_buffered(temp_path_);
+    }
+  }
 }
 
 AtomicFile::~AtomicFile() {
+  if (writing_.valid()) writing_.wait();  // its error changes nothing: the file is removed
+  close_direct();
   if (fd_ >= 0) {
     ::close(fd_);  // an error here changes nothing: the file is removed below
   }
   if (!committed_) {
     ::unlink(temp_path_.c_str());
   }
+}
+
+void AtomicFile::close_direct() noexcept {
+  if (direct_fd_ >= 0) ::close(direct_fd_);  // nothing is buffered behind an O_DIRECT fd
+  direct_fd_ = -1;
 }
 
 void AtomicFile::fail(uint64_t offset, const std::string& what) {
@@ -73,51 +140,90 @@ void AtomicFile::check_usable() const {
   }
 }
 
-void AtomicFile::pwrite_all(const uint8_t* bytes, uint64_t length, uint64_t offset) {
-  while (length > 0) {
-    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(length, uint64_t{1} << 30));
-    const ssize_t done = ::pwrite(fd_, bytes, chunk, static_cast<off_t>(offset));
-    if (done < 0) {
-      const int error = errno;
-      if (error == EINTR) continue;
-      fail(offset, errno_text("pwrite of " + std::to_string(chunk) + " bytes", error));
-    }
-    if (done == 0) {
-      fail(offset, "pwrite of " + std::to_string(chunk) + " bytes made no progress");
-    }
-    bytes += done;
-    length -= static_cast<uint64_t>(done);
-    offset += static_cast<uint64_t>(done);
+void AtomicFile::wait_write() {
+  if (!writing_.valid()) return;
+  const Written written = writing_.get();
+  if (written.direct_refused) {
+    warn_buffered(temp_path_);
+    close_direct();
   }
+  if (written.error) fail(written.error->offset, written.error->what);
 }
 
-void AtomicFile::flush() {
-  pwrite_all(buffer_.data(), buffer_.size(), buffer_offset_);
-  buffer_.clear();
+void AtomicFile::write_blocks() {
+  wait_write();
+  const uint64_t staged = offset_ - buffer_offset_;
+  const uint64_t whole = staged / block() * block();
+  if (whole == 0) return;
+  uint8_t* const full = stages_[current_].get();
+  current_ = 1 - current_;
+  std::memcpy(stages_[current_].get(), full + whole, static_cast<size_t>(staged - whole));
+  const uint64_t at = buffer_offset_;
+  buffer_offset_ += whole;
+  const int buffered_fd = fd_;
+  const int direct_fd = direct_fd_;
+  writing_ = std::async(std::launch::async, [=]() {
+    Written written;
+    PwriteResult r = pwrite_all(direct_fd >= 0 ? direct_fd : buffered_fd, full, whole, at);
+    if (r.error == EINVAL && direct_fd >= 0) {
+      // Opened, but the filesystem refuses the write itself: the rest goes buffered.
+      written.direct_refused = true;
+      const uint64_t done = r.offset - at;
+      r = pwrite_all(buffered_fd, full + done, whole - done, r.offset);
+    }
+    if (r.error != 0) written.error = WriteError{r.offset, describe(r)};
+    return written;
+  });
+}
+
+void AtomicFile::flush_all() {
+  write_blocks();
+  wait_write();
+  const uint64_t rest = offset_ - buffer_offset_;
+  if (rest == 0) return;
+  const PwriteResult r = pwrite_all(fd_, stages_[current_].get(), rest, buffer_offset_);
+  if (r.error != 0) fail(r.offset, describe(r));
   buffer_offset_ = offset_;
+}
+
+void AtomicFile::stage(const uint8_t* bytes, uint64_t length) {
+  while (length > 0) {
+    const uint64_t staged = offset_ - buffer_offset_;
+    const uint64_t n = std::min(length, kStageBytes - staged);
+    uint8_t* const to = stages_[current_].get() + staged;
+    if (bytes != nullptr) {
+      std::memcpy(to, bytes, static_cast<size_t>(n));
+      bytes += n;
+    } else {
+      std::memset(to, 0, static_cast<size_t>(n));
+    }
+    offset_ += n;
+    length -= n;
+    if (offset_ - buffer_offset_ == kStageBytes) write_blocks();
+  }
 }
 
 void AtomicFile::append(std::span<const uint8_t> bytes) {
   check_usable();
-  if (bytes.size() >= kBufferBytes) {
-    flush();
-    pwrite_all(bytes.data(), bytes.size(), offset_);
-    offset_ += bytes.size();
-    buffer_offset_ = offset_;
-    return;
-  }
-  if (buffer_.size() + bytes.size() > kBufferBytes) {
-    flush();
-  }
-  buffer_.insert(buffer_.end(), bytes.begin(), bytes.end());
-  offset_ += bytes.size();
+  stage(bytes.data(), bytes.size());
 }
 
 void AtomicFile::skip(uint64_t count) {
   check_usable();
-  flush();
-  offset_ += count;
-  buffer_offset_ = offset_;
+  // Zeros up to a block boundary, whole blocks left as a hole, zeros for the rest: the
+  // staged bytes stay block-aligned in the file.
+  const uint64_t b = block();
+  const uint64_t pad = std::min(count, (b - offset_ % b) % b);
+  stage(nullptr, pad);
+  count -= pad;
+  const uint64_t hole = count / b * b;
+  if (hole > 0) {
+    write_blocks();  // the staged bytes end on a block boundary: none stay staged
+    if (offset_ != buffer_offset_) flush_all();  // O_DIRECT was refused meanwhile (block 1)
+    offset_ += hole;
+    buffer_offset_ = offset_;
+  }
+  stage(nullptr, count - hole);
 }
 
 void AtomicFile::patch(uint64_t offset, std::span<const uint8_t> bytes) {
@@ -127,25 +233,37 @@ void AtomicFile::patch(uint64_t offset, std::span<const uint8_t> bytes) {
         temp_path_, offset,
         "patch of " + std::to_string(bytes.size()) + " bytes past the end of what was written");
   }
-  // The part inside the buffer is patched there, the part before it in the file.
+  wait_write();  // the bytes before buffer_offset_ are in the file once it ends
+  // The part still staged is patched there, the part before it in the file (buffered: whole
+  // blocks before buffer_offset_ are never written directly again).
   const uint64_t end = offset + bytes.size();
   if (end > buffer_offset_) {
     const uint64_t from = std::max(offset, buffer_offset_);
-    std::memcpy(buffer_.data() + (from - buffer_offset_), bytes.data() + (from - offset),
+    std::memcpy(stages_[current_].get() + (from - buffer_offset_), bytes.data() + (from - offset),
                 static_cast<size_t>(end - from));
   }
   if (offset < buffer_offset_) {
-    pwrite_all(bytes.data(), std::min(end, buffer_offset_) - offset, offset);
+    const PwriteResult r =
+        pwrite_all(fd_, bytes.data(), std::min(end, buffer_offset_) - offset, offset);
+    if (r.error != 0) fail(r.offset, describe(r));
   }
 }
 
 void AtomicFile::commit() {
   check_usable();
-  flush();
+  flush_all();
+  // A trailing hole has no bytes written after it: the size says where the file ends.
+  if (::ftruncate(fd_, static_cast<off_t>(offset_)) != 0) {
+    const int error = errno;
+    fail(offset_, errno_text("ftruncate", error));
+  }
+  // One fsync for both descriptors: they share the inode, and it flushes the device cache
+  // that the direct writes may sit in.
   if (::fsync(fd_) != 0) {
     const int error = errno;
     fail(kNoOffset, errno_text("fsync", error));
   }
+  close_direct();
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) {
