@@ -23,6 +23,14 @@
 // backward after the forward, the next micro-batch) reads nothing from NVMe while the pool
 // holds it.
 //
+// Write-back (tier nvme): an optimizer step hands a slice's new values over per sub-group,
+// so a slice that a sub-group boundary cuts arrives in pieces. The store keeps such pieces
+// in host memory (one slice's bytes while they arrive) and stores the slice once, whole, when
+// they cover it — each extent written once, nothing read (a piece stored alone would make
+// the swap file read and rewrite its whole extent to keep the checksum). Pieces that never
+// cover their slice are stored as they are by flush_writes(), or before the slice is read
+// or fetched; the destructor drops them.
+//
 // The store knows nothing of LibTorch: `on_gathered(m, data)` and `on_released(m)` let the
 // caller bind a parameter's tensor to the gathered memory and unbind it again.
 //
