@@ -8,7 +8,7 @@
 // no-offload run.
 //
 //   build/bench/train/zinf_train_bench [--model small] [--steps 8] [--warmup 2] [--rounds 2]
-//                                      [--param-buffers N] [--profile]
+//                                      [--param-buffers N] [--sub-group-size N] [--profile]
 // --profile prints, per step of each mode, the engine's wall-clock breakdown (forward,
 // backward, step, time blocked per tier) and the NVMe bytes each tier read and wrote.
 #include <ATen/ATen.h>
@@ -45,7 +45,8 @@ struct Args {
   int warmup = 2;
   int rounds = 2;
   int threads = 2;
-  int param_buffers = 0;  // nvme: offload_param.buffer_count; 0: one per parameter
+  int param_buffers = 0;        // nvme: offload_param.buffer_count; 0: one per parameter
+  uint64_t sub_group_size = 0;  // nvme: zero_optimization.sub_group_size; 0: the bare config's
   std::string nvme_path = "/var/tmp";
   bool profile = false;  // per-step wall-clock breakdown and bytes per tier (stderr)
   std::string child;     // internal: run one mode and print a RESULT line
@@ -82,6 +83,9 @@ int run_child(const Args& a) {
     z["offload_param"]["buffer_count"] = a.param_buffers > 0
                                              ? static_cast<size_t>(a.param_buffers)
                                              : engine::llama_parameter_shapes(*model).size();
+    if (a.sub_group_size > 0) {
+      z["sub_group_size"] = a.sub_group_size;  // sub-groups that cut through the params
+    }
   } else {
     z.erase("offload_param");
     z.erase("offload_optimizer");
@@ -174,9 +178,9 @@ struct Result {
 Result spawn(const std::string& self, const Args& a, const std::string& mode) {
   const std::string cmd = fmt::format(
       "'{}' --child {} --model {} --steps {} --warmup {} --threads {} --nvme-path '{}' "
-      "--param-buffers {}{}",
+      "--param-buffers {} --sub-group-size {}{}",
       self, mode, a.model, a.steps, a.warmup, a.threads, a.nvme_path, a.param_buffers,
-      a.profile ? " --profile" : "");
+      a.sub_group_size, a.profile ? " --profile" : "");
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) throw std::runtime_error("cannot start " + cmd);
   std::string out;
@@ -222,6 +226,10 @@ int main(int argc, char** argv) {
   app.add_option("--param-buffers", a.param_buffers,
                  "NVMe mode: offload_param.buffer_count (0: one buffer per parameter, so the "
                  "pool holds every slice; the bare config has 4)")
+      ->capture_default_str();
+  app.add_option("--sub-group-size", a.sub_group_size,
+                 "NVMe mode: zero_optimization.sub_group_size (0: the bare config's 1e9, one "
+                 "sub-group)")
       ->capture_default_str();
   app.add_flag("--profile", a.profile,
                "Per step: wall-clock breakdown, bytes read and written per tier, time blocked");
