@@ -22,10 +22,12 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/data/data.h"
@@ -56,6 +58,21 @@ uint64_t peak_rss() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return static_cast<uint64_t>(u.ru_maxrss) * 1024;
+}
+
+// This process's bytes read from and written to storage so far (/proc/self/io read_bytes,
+// write_bytes): what the swap files really moved, read-modify-writes included. {0, 0} when
+// the file cannot be read.
+std::pair<uint64_t, uint64_t> process_io() {
+  std::ifstream in("/proc/self/io");
+  std::pair<uint64_t, uint64_t> io{0, 0};
+  std::string key;
+  uint64_t value = 0;
+  while (in >> key >> value) {
+    if (key == "read_bytes:") io.first = value;
+    if (key == "write_bytes:") io.second = value;
+  }
+  return io;
 }
 
 // One mode in this process: prints "RESULT mode tokens/s rss s/step loss device host nvme".
@@ -123,6 +140,7 @@ int run_child(const Args& a) {
       engine::init_parameter(1234, name, full);
     });
     zero::ZeroModelStats prev = eng.zero_model().stats();
+    std::pair<uint64_t, uint64_t> prev_io = process_io();
     for (int s = 0; s < a.steps; ++s) {
       const engine::StepReport r = eng.train_batch([&](int) {
         loader.next(micro, in, tg);
@@ -133,11 +151,12 @@ int run_child(const Args& a) {
       last_loss = r.loss;
       if (a.profile) {
         const zero::ZeroModelStats st = eng.zero_model().stats();
+        const std::pair<uint64_t, uint64_t> io = process_io();
         fmt::print(
             stderr,
             "[{}] step {} {:.3f} s | param nvme read {} | optimizer nvme read {} "
             "written {} | param wait {:.3f} s (block wait {:.3f} s) | param swap I/O "
-            "wait {:.3f} s | optimizer I/O wait {:.3f} s\n",
+            "wait {:.3f} s | optimizer I/O wait {:.3f} s | process disk read {} written {}\n",
             a.child, s + 1, r.seconds,
             engine::format_bytes(st.param_swap.nvme_bytes_read - prev.param_swap.nvme_bytes_read),
             engine::format_bytes(st.optimizer_swap.nvme_bytes_read -
@@ -147,8 +166,11 @@ int run_child(const Args& a) {
             st.params.wait_seconds - prev.params.wait_seconds,
             st.coordinator.block_wait_seconds - prev.coordinator.block_wait_seconds,
             st.param_swap.io_wait_seconds - prev.param_swap.io_wait_seconds,
-            st.optimizer_swap.io_wait_seconds - prev.optimizer_swap.io_wait_seconds);
+            st.optimizer_swap.io_wait_seconds - prev.optimizer_swap.io_wait_seconds,
+            engine::format_bytes(io.first - prev_io.first),
+            engine::format_bytes(io.second - prev_io.second));
         prev = st;
+        prev_io = io;
       }
       if (s >= a.warmup) {
         timed_seconds += r.seconds;
