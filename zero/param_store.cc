@@ -18,6 +18,19 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// Whether the pieces (offset, numel) cover [0, slice_numel). Sorts them.
+bool covers_slice(std::vector<std::pair<uint64_t, uint64_t>>& pieces, uint64_t slice_numel) {
+  std::sort(pieces.begin(), pieces.end());
+  uint64_t covered = 0;
+  for (const auto& [offset, numel] : pieces) {
+    if (offset > covered) {
+      return false;
+    }
+    covered = std::max(covered, offset + numel);
+  }
+  return covered >= slice_numel;
+}
+
 }  // namespace
 
 ParamStore::ParamStore(const Options& options, const PartitionLayout& layout,
@@ -154,14 +167,49 @@ void ParamStore::write_slice(size_t m, uint64_t slice_offset, const void* data, 
     case OffloadTarget::kCpu:
       std::memcpy(const_cast<std::byte*>(host_slice(p)) + offset, data, bytes);
       break;
-    case OffloadTarget::kNvme:
-      swapper_->write_back_range(p.swap_id, slice_offset, data, numel);
+    case OffloadTarget::kNvme: {
+      const bool whole = slice_offset == 0 && numel == p.slice_numel;
+      if (swapper_->in_cpu(p.swap_id) || (whole && !p.pending)) {
+        swapper_->write_back_range(p.swap_id, slice_offset, data, numel);
+        break;
+      }
+      if (!p.pending) {
+        p.pending = std::make_unique<PendingWrite>();
+        p.pending->values = std::make_unique<std::byte[]>(slice_bytes(p));
+      }
+      PendingWrite& w = *p.pending;
+      std::memcpy(w.values.get() + offset, data, bytes);
+      w.pieces.emplace_back(slice_offset, numel);
+      w.written_numel += numel;
+      if (w.written_numel >= p.slice_numel && covers_slice(w.pieces, p.slice_numel)) {
+        const std::unique_ptr<PendingWrite> done = std::move(p.pending);
+        swapper_->write_back(p.swap_id, done->values.get());
+      }
       break;
+    }
+  }
+}
+
+void ParamStore::flush_pending(Param& p) {
+  if (!p.pending) {
+    return;
+  }
+  const std::unique_ptr<PendingWrite> w = std::move(p.pending);
+  for (const auto& [slice_offset, numel] : w->pieces) {
+    swapper_->write_back_range(p.swap_id, slice_offset,
+                               w->values.get() + slice_offset * element_bytes_, numel);
+  }
+}
+
+void ParamStore::flush_writes() {
+  for (Param& p : params_) {
+    flush_pending(p);
   }
 }
 
 void ParamStore::read_slice(size_t m, void* dst) {
   Param& p = params_.at(m);
+  flush_pending(p);
   switch (options_.tier) {
     case OffloadTarget::kNone:
       accelerator_.copy_to_host(dst, p.device_slice.data(), slice_bytes(p), *h2d_);
@@ -195,6 +243,7 @@ bool ParamStore::start_read(size_t m) {
   if (p.read_started) {
     return true;
   }
+  flush_pending(p);
   if (swapper_ == nullptr || swapper_->in_cpu(p.swap_id)) {
     p.read_started = true;
     return true;
@@ -228,6 +277,7 @@ void ParamStore::start_copy(size_t m) {
   if (p.copy_started) {
     return;
   }
+  flush_pending(p);
   p.read_started = true;
   if (options_.tier == OffloadTarget::kNone) {
     p.copy_started = true;

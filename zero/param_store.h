@@ -23,6 +23,14 @@
 // backward after the forward, the next micro-batch) reads nothing from NVMe while the pool
 // holds it.
 //
+// Write-back (tier nvme): an optimizer step hands a slice's new values over per sub-group,
+// so a slice that a sub-group boundary cuts arrives in pieces. The store keeps such pieces
+// in host memory (one slice's bytes while they arrive) and stores the slice once, whole, when
+// they cover it — each extent written once, nothing read (a piece stored alone would make
+// the swap file read and rewrite its whole extent to keep the checksum). Pieces that never
+// cover their slice are stored as they are by flush_writes(), or before the slice is read
+// or fetched; the destructor drops them.
+//
 // The store knows nothing of LibTorch: `on_gathered(m, data)` and `on_released(m)` let the
 // caller bind a parameter's tensor to the gathered memory and unbind it again.
 //
@@ -34,6 +42,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "aio/pinned_buffer.h"
@@ -79,8 +88,15 @@ class ParamStore final : public ParamFetcher {
   // included). Must be called once for every m before the first fetch.
   void set_slice(size_t m, const void* slice);
   // Overwrites `numel` elements of the slice at `slice_offset` (after an optimizer step).
-  // The param must not be gathered or in flight (release it first).
+  // The param must not be gathered or in flight (release it first). Tier nvme: a write
+  // that covers part of a slice kept on NVMe (a slice cut by sub-groups) is collected in
+  // host memory until the slice's pieces cover it, then stored once, whole — a piece
+  // stored on its own would be a read-modify-write of its extent under swap checksums.
   void write_slice(size_t m, uint64_t slice_offset, const void* data, uint64_t numel);
+  // Stores what write_slice() collected of slices not yet covered (piece by piece), so
+  // the stored values are the written ones. Call at the end of a step; fetches and
+  // read_slice() do it for their param first.
+  void flush_writes();
   // Copies the slice (slice_numel elements) to host memory `dst`.
   void read_slice(size_t m, void* dst);
 
@@ -105,6 +121,13 @@ class ParamStore final : public ParamFetcher {
   [[nodiscard]] uint64_t pinned_bytes() const;
 
  private:
+  // Updated values of a slice on NVMe handed over in pieces, until the pieces cover it.
+  struct PendingWrite {
+    std::unique_ptr<std::byte[]> values;                // slice_numel elements
+    std::vector<std::pair<uint64_t, uint64_t>> pieces;  // (slice offset, numel) written
+    uint64_t written_numel = 0;                         // sum of the pieces' numel
+  };
+
   struct Param {
     size_t layout_index = 0;
     uint64_t numel = 0;
@@ -119,7 +142,8 @@ class ParamStore final : public ParamFetcher {
     std::unique_ptr<offload::Event> copied;  // recorded after the H2D copy
     offload::DeviceBuffer full;              // the gathered param (world size > 1)
     WorkPtr gather;
-    bool gathered = false;  // wait_gathered() done
+    bool gathered = false;                  // wait_gathered() done
+    std::unique_ptr<PendingWrite> pending;  // tier nvme: write_slice() pieces not yet stored
   };
 
   [[nodiscard]] uint64_t slice_bytes(const Param& p) const noexcept {
@@ -129,6 +153,8 @@ class ParamStore final : public ParamFetcher {
   [[nodiscard]] const std::byte* host_slice(const Param& p) const noexcept;
   void wait_copy(Param& p);
   void drop_swap(Param& p);
+  // Stores p's pending pieces, one by one (see flush_writes()).
+  void flush_pending(Param& p);
 
   const Options options_;
   const size_t element_bytes_;

@@ -449,10 +449,26 @@ OptimizerStepOutcome ZeroModel::step(int64_t step, double loss_scale) {
   if (coordinator_) {
     coordinator_->release_all();  // the slices are about to change
   }
-  const OptimizerStepOutcome outcome =
-      optimizer_->step(step, loss_scale, [this](uint64_t offset, const void* data, uint64_t numel) {
-        write_updated(offset, data, numel);
-      });
+  OptimizerStepOutcome outcome;
+  try {
+    outcome = optimizer_->step(step, loss_scale,
+                               [this](uint64_t offset, const void* data, uint64_t numel) {
+                                 write_updated(offset, data, numel);
+                               });
+  } catch (...) {
+    // Store the updated values handed over so far, as a write of each piece would have.
+    if (store_) {
+      try {
+        store_->flush_writes();
+      } catch (...) {
+        // The step's own error is the one to report.
+      }
+    }
+    throw;
+  }
+  if (store_) {
+    store_->flush_writes();  // slices the step handed over in part (none in a full step)
+  }
   if (!outcome.skipped) {
     gather_resident();
   }
@@ -579,6 +595,7 @@ ZeroModelStats ZeroModel::stats() const {
   s.reducer = reducer_->stats();
   if (param_swapper_) {
     s.param_swap = param_swapper_->counters();
+    s.param_nvme = param_nvme_->stats();
     s.pinned_bytes += param_swapper_->pinned_bytes();
   }
   s.optimizer_swap = optimizer_->swapper().counters();

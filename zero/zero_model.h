@@ -75,6 +75,7 @@ struct ZeroModelStats {
   GradReducerStats reducer;
   offload::OffloadCounters param_swap;      // offload_param nvme
   offload::OffloadCounters optimizer_swap;  // the optimizer tier
+  offload::NvmeStoreStats param_nvme;       // offload_param nvme: the swap files' I/O
   offload::AcceleratorMemoryStats device;
   uint64_t resident_bytes = 0;     // device bytes of resident parameters
   uint64_t pinned_bytes = 0;       // pools and staging buffers

@@ -8,7 +8,7 @@
 // no-offload run.
 //
 //   build/bench/train/zinf_train_bench [--model small] [--steps 8] [--warmup 2] [--rounds 2]
-//                                      [--param-buffers N] [--profile]
+//                                      [--param-buffers N] [--sub-group-size N] [--profile]
 // --profile prints, per step of each mode, the engine's wall-clock breakdown (forward,
 // backward, step, time blocked per tier) and the NVMe bytes each tier read and wrote.
 #include <ATen/ATen.h>
@@ -22,10 +22,12 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/data/data.h"
@@ -45,7 +47,8 @@ struct Args {
   int warmup = 2;
   int rounds = 2;
   int threads = 2;
-  int param_buffers = 0;  // nvme: offload_param.buffer_count; 0: one per parameter
+  int param_buffers = 0;        // nvme: offload_param.buffer_count; 0: one per parameter
+  uint64_t sub_group_size = 0;  // nvme: zero_optimization.sub_group_size; 0: the bare config's
   std::string nvme_path = "/var/tmp";
   bool profile = false;  // per-step wall-clock breakdown and bytes per tier (stderr)
   std::string child;     // internal: run one mode and print a RESULT line
@@ -55,6 +58,21 @@ uint64_t peak_rss() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return static_cast<uint64_t>(u.ru_maxrss) * 1024;
+}
+
+// This process's bytes read from and written to storage so far (/proc/self/io read_bytes,
+// write_bytes): what the swap files really moved, read-modify-writes included. {0, 0} when
+// the file cannot be read.
+std::pair<uint64_t, uint64_t> process_io() {
+  std::ifstream in("/proc/self/io");
+  std::pair<uint64_t, uint64_t> io{0, 0};
+  std::string key;
+  uint64_t value = 0;
+  while (in >> key >> value) {
+    if (key == "read_bytes:") io.first = value;
+    if (key == "write_bytes:") io.second = value;
+  }
+  return io;
 }
 
 // One mode in this process: prints "RESULT mode tokens/s rss s/step loss device host nvme".
@@ -82,6 +100,9 @@ int run_child(const Args& a) {
     z["offload_param"]["buffer_count"] = a.param_buffers > 0
                                              ? static_cast<size_t>(a.param_buffers)
                                              : engine::llama_parameter_shapes(*model).size();
+    if (a.sub_group_size > 0) {
+      z["sub_group_size"] = a.sub_group_size;  // sub-groups that cut through the params
+    }
   } else {
     z.erase("offload_param");
     z.erase("offload_optimizer");
@@ -119,6 +140,7 @@ int run_child(const Args& a) {
       engine::init_parameter(1234, name, full);
     });
     zero::ZeroModelStats prev = eng.zero_model().stats();
+    std::pair<uint64_t, uint64_t> prev_io = process_io();
     for (int s = 0; s < a.steps; ++s) {
       const engine::StepReport r = eng.train_batch([&](int) {
         loader.next(micro, in, tg);
@@ -129,11 +151,12 @@ int run_child(const Args& a) {
       last_loss = r.loss;
       if (a.profile) {
         const zero::ZeroModelStats st = eng.zero_model().stats();
+        const std::pair<uint64_t, uint64_t> io = process_io();
         fmt::print(
             stderr,
             "[{}] step {} {:.3f} s | param nvme read {} | optimizer nvme read {} "
             "written {} | param wait {:.3f} s (block wait {:.3f} s) | param swap I/O "
-            "wait {:.3f} s | optimizer I/O wait {:.3f} s\n",
+            "wait {:.3f} s | optimizer I/O wait {:.3f} s | process disk read {} written {}\n",
             a.child, s + 1, r.seconds,
             engine::format_bytes(st.param_swap.nvme_bytes_read - prev.param_swap.nvme_bytes_read),
             engine::format_bytes(st.optimizer_swap.nvme_bytes_read -
@@ -143,8 +166,11 @@ int run_child(const Args& a) {
             st.params.wait_seconds - prev.params.wait_seconds,
             st.coordinator.block_wait_seconds - prev.coordinator.block_wait_seconds,
             st.param_swap.io_wait_seconds - prev.param_swap.io_wait_seconds,
-            st.optimizer_swap.io_wait_seconds - prev.optimizer_swap.io_wait_seconds);
+            st.optimizer_swap.io_wait_seconds - prev.optimizer_swap.io_wait_seconds,
+            engine::format_bytes(io.first - prev_io.first),
+            engine::format_bytes(io.second - prev_io.second));
         prev = st;
+        prev_io = io;
       }
       if (s >= a.warmup) {
         timed_seconds += r.seconds;
@@ -174,9 +200,9 @@ struct Result {
 Result spawn(const std::string& self, const Args& a, const std::string& mode) {
   const std::string cmd = fmt::format(
       "'{}' --child {} --model {} --steps {} --warmup {} --threads {} --nvme-path '{}' "
-      "--param-buffers {}{}",
+      "--param-buffers {} --sub-group-size {}{}",
       self, mode, a.model, a.steps, a.warmup, a.threads, a.nvme_path, a.param_buffers,
-      a.profile ? " --profile" : "");
+      a.sub_group_size, a.profile ? " --profile" : "");
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) throw std::runtime_error("cannot start " + cmd);
   std::string out;
@@ -222,6 +248,10 @@ int main(int argc, char** argv) {
   app.add_option("--param-buffers", a.param_buffers,
                  "NVMe mode: offload_param.buffer_count (0: one buffer per parameter, so the "
                  "pool holds every slice; the bare config has 4)")
+      ->capture_default_str();
+  app.add_option("--sub-group-size", a.sub_group_size,
+                 "NVMe mode: zero_optimization.sub_group_size (0: the bare config's 1e9, one "
+                 "sub-group)")
       ->capture_default_str();
   app.add_flag("--profile", a.profile,
                "Per step: wall-clock breakdown, bytes read and written per tier, time blocked");

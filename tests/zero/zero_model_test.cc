@@ -391,6 +391,41 @@ TEST(ZeroModel, Stage3ParamPoolServesLaterFetchesWithoutReading) {
   EXPECT_EQ(losses[0], losses[1]);
 }
 
+// Sub-groups that cut through the params hand a param's updated values over in pieces. The
+// write-back must still store each param once per step, whole: a piece written on its own
+// is a read-modify-write of the extent under swap checksums. With a pool that holds every
+// slice, the first forward's reads are then the only reads of the swap file.
+TEST(ZeroModel, Stage3WritesEachParamOnceAStepWithoutReadingAcrossSubGroups) {
+  const NetShape shape;
+  const uint64_t params = static_cast<uint64_t>(shape.blocks) * 5;  // 5 params per block
+  std::vector<std::vector<double>> losses;
+  for (uint64_t sub_group_size : {1'000'000'000ull, 97ull}) {
+    SCOPED_TRACE(::testing::Message() << "sub_group_size " << sub_group_size);
+    ::zinf::testing::TempDir dir;
+    ZeroConfig config;
+    config.stage = 3;
+    config.offload_param = OffloadTarget::kNvme;
+    config.param_max_in_cpu = 0;
+    config.param_buffer_count = 20;
+    config.sub_group_size = sub_group_size;
+    config.swap_checksums = true;
+    config.nvme_paths = {dir.path()};
+    config.aio.backend = aio::BackendKind::kPsync;
+    OneRank one(shape, 4, config);
+    const offload::NvmeStoreStats initial = one.model.stats().param_nvme;
+    EXPECT_EQ(initial.writes, params) << "the initial slices";
+    TrainOptions o;
+    o.steps = 3;
+    losses.push_back(train_zero(one.net, one.model, shape, o, 4));
+    const offload::NvmeStoreStats s = one.model.stats().param_nvme;
+    EXPECT_EQ(s.reads, params) << "the first forward's reads only";
+    EXPECT_EQ(s.bytes_read, initial.bytes_written) << "each slice read once";
+    EXPECT_EQ(s.writes - initial.writes, 3 * params) << "one write per param and step";
+    EXPECT_EQ(s.bytes_written - initial.bytes_written, 3 * initial.bytes_written);
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+}
+
 TEST(ZeroModel, NanGradientsSkipTheStepAndChangeNothing) {
   NetShape shape;
   testing::Net net = make_net(shape, 5);
