@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <zip.h>
+#include <zlib.h>
 
 #include <cstring>
 #include <filesystem>
@@ -178,6 +179,28 @@ TEST_P(ZipRoundTrip, GivenChunkCrcsGiveTheSameArchive) {
     EXPECT_EQ(read_bytes(path), read_bytes(computed));
     expect_records(ZipReader::open(path, {.verify_crc = true}), records);
     expect_libzip_reads(path, records);
+  }
+}
+
+// crc32_update (libdeflate's where the build found it, else zlib's) gives zlib's values,
+// continued across pieces of any size and alignment.
+TEST(Crc32, MatchesZlibInPiecesOfAnySize) {
+  const uint64_t seed = zinf::testing::test_seed();
+  ZINF_TRACE_SEED(seed);
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> data((3u << 20) + 77);
+  for (uint8_t& b : data) b = static_cast<uint8_t>(rng());
+  for (int trial = 0; trial < 20; ++trial) {
+    const size_t begin = rng() % 4096;
+    const size_t end = begin + rng() % (data.size() - begin);
+    uLong want = ::crc32_z(0, data.data() + begin, end - begin);
+    uint32_t got = 0;
+    for (size_t at = begin; at < end;) {
+      const size_t piece = std::min<size_t>(end - at, rng() % 3 == 0 ? rng() % 64 : rng() % 700000);
+      got = crc32_update(got, std::span<const uint8_t>(data).subspan(at, piece));
+      at += piece;
+    }
+    EXPECT_EQ(got, static_cast<uint32_t>(want)) << "bytes " << begin << ".." << end;
   }
 }
 
