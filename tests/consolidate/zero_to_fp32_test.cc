@@ -543,7 +543,13 @@ TEST_F(ZeroToFp32Test, PeakMemoryStaysFarBelowTheCheckpointSize) {
   const double output_mib =
       static_cast<double>(fs::file_size(output("big_out") + "/pytorch_model.bin")) / (1 << 20);
   EXPECT_GT(output_mib, 240.0);
+#if defined(__SANITIZE_THREAD__)
+  // ThreadSanitizer's shadow of every touched page (the mapped inputs too) counts in the RSS
+  // of the instrumented zinf (about 1 GiB here, before and after the CRC moved to workers).
+  (void)peak_mib;
+#else
   EXPECT_LT(peak_mib, 100.0) << run.out;
+#endif
 }
 
 }  // namespace
