@@ -22,7 +22,7 @@ packages=(
   python3-torch
   fortunes fortunes-min
   gnuplot-nox libgnuplot-iostream-dev
-  libzip-dev clang
+  libzip-dev libdeflate-dev clang
 )
 lock_timeout=${ZINF_APT_LOCK_TIMEOUT:-600}
 retry_seconds=${ZINF_APT_LOCK_RETRY:-5}

@@ -5,6 +5,11 @@ same run: wall time and peak RSS of each child (os.wait4), and the ratios.
 
   bench_zero_to_fp32.py [--zinf build/tools/zinf] [--work build/bench_zero_to_fp32]
                         [--gb 4.2] [--world-size 2] [--rounds 2] [--threads 0]
+                        [--zinf-before OTHER_ZINF] [--safetensors]
+
+--zinf-before adds another zinf binary (an earlier build) to every pair, so a change is
+measured before and after in one run; --safetensors adds zinf writing model.safetensors (no
+CRC) to every pair. Their order alternates between rounds with zinf's.
 
 The checkpoint (make_ds_checkpoints.py --big: bf16 run, fp32 partitions split over two
 sub-groups per rank, params of odd numel) is made under --work and deleted at the end, with
@@ -62,7 +67,8 @@ def write_floor(path, size):
 
 
 def run(command):
-    """Wall seconds and peak RSS bytes of one child."""
+    """Wall seconds, peak RSS bytes, output and CPU seconds (user + system: the work done,
+    which the load of other jobs disturbs less than the wall time) of one child."""
     start = time.monotonic()
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     output = child.stdout.read().decode(errors="replace")
@@ -71,7 +77,7 @@ def run(command):
     child.returncode = os.waitstatus_to_exitcode(status)
     if child.returncode != 0:
         sys.exit(f"{' '.join(command)} failed ({child.returncode}):\n{output}")
-    return seconds, usage.ru_maxrss * 1024, output
+    return seconds, usage.ru_maxrss * 1024, output, usage.ru_utime + usage.ru_stime
 
 
 def main():
@@ -82,6 +88,8 @@ def main():
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--zinf-before", default=None)
+    parser.add_argument("--safetensors", action="store_true")
     args = parser.parse_args()
 
     free = shutil.disk_usage(os.path.dirname(args.work) or ".").free
@@ -101,10 +109,16 @@ def main():
 
         zinf = [args.zinf, "zero-to-fp32", ckpt, out, "--threads", str(args.threads)]
         baseline = [PYTHON, BASELINE, ckpt, os.path.join(out, "pytorch_model.bin")]
+        zincs = [("zinf", zinf)]
+        if args.zinf_before:
+            zincs.append(("zinf-before", [args.zinf_before] + zinf[1:]))
+        if args.safetensors:
+            zincs.append(("zinf-st", zinf + ["--safe-serialization"]))
         results = {}
         for round_ in range(args.rounds):
+            order = zincs if round_ % 2 == 0 else zincs[::-1]
             for cache in ("cold", "warm"):
-                for name, command in (("zinf", zinf), ("baseline", baseline)):
+                for name, command in order + [("baseline", baseline)]:
                     shutil.rmtree(out, ignore_errors=True)
                     os.makedirs(out)
                     if cache == "cold":
@@ -114,7 +128,7 @@ def main():
                             with open(path, "rb") as f:
                                 while f.read(64 << 20):
                                     pass
-                    seconds, rss, output = run(command)
+                    seconds, rss, output, cpu = run(command)
                     written = sum(os.path.getsize(p) for p in glob.glob(os.path.join(out, "*")))
                     fsync = 0.0
                     for line in output.splitlines():
@@ -122,13 +136,16 @@ def main():
                             fsync = float(line.split()[1])
                         elif "s of it completing the files" in line:
                             fsync = float(line.split("; ")[1].split(" s of it")[0])
-                    results.setdefault((name, cache), []).append((seconds, rss, fsync))
+                    results.setdefault((name, cache), []).append((seconds, rss, fsync, cpu))
                     print(f"round {round_ + 1} {cache:4} {name:8}: {seconds:7.2f} s  "
                           f"peak RSS {rss / 2**30:6.2f} GiB  wrote {written / 1e9:.2f} GB" +
-                          f"  (of which fsync {fsync:.2f} s)")
+                          f"  (of which fsync {fsync:.2f} s)  CPU {cpu:.2f} s")
                     if name == "baseline":
                         z = results[("zinf", cache)][-1]
-                        print(f"  ratio in this pair: {z[0] / seconds:.3f}x time")
+                        for zname, _ in zincs:
+                            o = results[(zname, cache)][-1]
+                            print(f"  ratio in this pair: {zname} {o[0] / seconds:.3f}x time" +
+                                  ("" if zname == "zinf" else f", zinf / {zname} {z[0] / o[0]:.3f}"))
                     if name == "zinf" and round_ == 0 and cache == "cold":
                         print("  " + output.strip().replace("\n", "\n  "))
             shutil.rmtree(out, ignore_errors=True)
@@ -146,6 +163,12 @@ def main():
                   f"(target <= 0.2; both without their fsync: {z[0] - z[2]:.2f} s / "
                   f"{b[0] - b[2]:.2f} s = {(z[0] - z[2]) / (b[0] - b[2]):.3f}x); peak RSS zinf {z[1] / 2**30:.2f} GiB, baseline "
                   f"{b[1] / 2**30:.2f} GiB (target <= one shard + 1 GiB)")
+            for zname, _ in zincs[1:]:
+                o = min(results[(zname, cache)])
+                print(f"{cache}: {zname} {o[0]:.2f} s = {o[0] / b[0]:.3f}x baseline; zinf / "
+                      f"{zname} = {z[0] / o[0]:.3f}; peak RSS {o[1] / 2**30:.2f} GiB; CPU (least) "
+                      f"zinf {min(r[3] for r in results[('zinf', cache)]):.2f} s, {zname} "
+                      f"{min(r[3] for r in results[(zname, cache)]):.2f} s")
     finally:
         shutil.rmtree(args.work, ignore_errors=True)
 

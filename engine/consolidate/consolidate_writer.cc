@@ -21,6 +21,7 @@
 #include "engine/serialization/safetensors.h"
 #include "engine/serialization/serialization_error.h"
 #include "engine/serialization/torch_archive.h"
+#include "engine/serialization/zip_reader.h"
 
 namespace zinf::consolidate {
 
@@ -57,11 +58,20 @@ void advise(const uint8_t* data, uint64_t bytes, int advice) {
   }
 }
 
+// One tensor's bytes inside a chunk and their CRC-32 (crc32_update(0, bytes)): the workers
+// compute them for the zip format, so the writing thread only writes.
+struct Segment {
+  uint64_t bytes = 0;
+  uint32_t crc = 0;
+};
+
 // Where a shard's data goes: the format's writer, fed the shard's bytes in order.
 class ShardSink {
  public:
   virtual ~ShardSink() = default;
-  virtual void write(std::span<const uint8_t> chunk) = 0;
+  // `segments` cut `chunk` at tensor boundaries, with each piece's CRC-32; empty when the
+  // sink's format needs no CRC (WriteOptions::format decides which the workers compute).
+  virtual void write(std::span<const uint8_t> chunk, std::span<const Segment> segments) = 0;
   virtual void finish() = 0;
 };
 
@@ -80,7 +90,9 @@ class SafetensorsSink final : public ShardSink {
     writer_ = std::make_unique<serialization::SafetensorsWriter>(path, std::move(specs),
                                                                  std::move(metadata));
   }
-  void write(std::span<const uint8_t> chunk) override { writer_->write(chunk); }
+  void write(std::span<const uint8_t> chunk, std::span<const Segment> /*segments*/) override {
+    writer_->write(chunk);
+  }
   void finish() override { writer_->finish(); }
 
  private:
@@ -124,13 +136,23 @@ class TorchBinSink final : public ShardSink {
     writer_.write_pickle(document.root());
   }
 
-  void write(std::span<const uint8_t> chunk) override {
-    while (!chunk.empty()) {
+  // Each segment is one tensor's bytes, so it lies inside one storage record.
+  void write(std::span<const uint8_t> chunk, std::span<const Segment> segments) override {
+    for (const Segment& segment : segments) {
       begin_next();
-      const uint64_t take = std::min<uint64_t>(remaining_, chunk.size());
-      writer_.write(chunk.first(take));
-      remaining_ -= take;
-      chunk = chunk.subspan(take);
+      if (segment.bytes > remaining_ || segment.bytes > chunk.size()) {
+        throw std::logic_error(fmt::format(
+            "consolidate: a chunk segment of {} bytes crosses a storage boundary ({} left)",
+            segment.bytes, remaining_));
+      }
+      const auto bytes = static_cast<size_t>(segment.bytes);
+      writer_.write(chunk.first(bytes), segment.crc);
+      remaining_ -= bytes;
+      chunk = chunk.subspan(bytes);
+    }
+    if (!chunk.empty()) {
+      throw std::logic_error(
+          fmt::format("consolidate: {} chunk bytes without a CRC segment", chunk.size()));
     }
   }
   void finish() override {
@@ -169,7 +191,8 @@ class Pipeline {
       : plan_(plan),
         shards_(shards),
         options_(options),
-        element_(output_dtype_bytes(options.dtype)) {
+        element_(output_dtype_bytes(options.dtype)),
+        with_crc_(options.format == OutputFormat::kTorchBin) {
     uint64_t chunk_bytes = std::max<uint64_t>(options.chunk_bytes / 16 * 16, 16);
     for (size_t s = 0; s < shards.size(); ++s) {
       std::vector<uint64_t> starts;
@@ -193,6 +216,7 @@ class Pipeline {
     lookahead_ = std::max<size_t>(slots, kReadaheadBytes / buffer_bytes);
     for (size_t i = 0; i < slots; ++i) {
       buffers_.emplace_back(new uint8_t[buffer_bytes]);
+      segments_.emplace_back();
       ready_.push_back(kNone);
     }
   }
@@ -202,7 +226,9 @@ class Pipeline {
 
   // Runs the workers and writes every shard through `open_sink`; returns when all is written.
   void run(const std::function<std::unique_ptr<ShardSink>(size_t shard)>& open_sink) {
-    for (size_t c = 0; c < std::min(lookahead_, chunks_.size()); ++c) fill(chunks_[c], nullptr);
+    for (size_t c = 0; c < std::min(lookahead_, chunks_.size()); ++c) {
+      fill(chunks_[c], nullptr, nullptr);
+    }
     std::vector<std::thread> workers;
     for (int i = 0; i < options_.threads; ++i) workers.emplace_back([this] { work(); });
     try {
@@ -216,6 +242,8 @@ class Pipeline {
 
  private:
   static constexpr size_t kNone = static_cast<size_t>(-1);
+  // Output bytes converted before their CRC-32 is computed: small enough to stay in L2.
+  static constexpr uint64_t kCrcBlockBytes = 256 << 10;
 
   void stop(std::exception_ptr error) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -229,14 +257,14 @@ class Pipeline {
       for (;;) {
         const size_t c = next_chunk_.fetch_add(1);
         if (c >= chunks_.size()) return;
-        if (c + lookahead_ < chunks_.size()) fill(chunks_[c + lookahead_], nullptr);
+        if (c + lookahead_ < chunks_.size()) fill(chunks_[c + lookahead_], nullptr, nullptr);
         const size_t slot = c % buffers_.size();
         {
           std::unique_lock<std::mutex> lock(mutex_);
           changed_.wait(lock, [&] { return stopped_ || c < written_ + buffers_.size(); });
           if (stopped_) return;
         }
-        fill(chunks_[c], buffers_[slot].get());
+        fill(chunks_[c], buffers_[slot].get(), with_crc_ ? &segments_[slot] : nullptr);
         std::lock_guard<std::mutex> lock(mutex_);
         ready_[slot] = c;
         changed_.notify_all();
@@ -259,7 +287,8 @@ class Pipeline {
           if (stopped_) return;
         }
         const Chunk& chunk = chunks_[c];
-        sink->write({buffers_[slot].get(), static_cast<size_t>(chunk.end - chunk.begin)});
+        sink->write({buffers_[slot].get(), static_cast<size_t>(chunk.end - chunk.begin)},
+                    segments_[slot]);
         done += chunk.end - chunk.begin;
         {
           std::lock_guard<std::mutex> lock(mutex_);
@@ -276,9 +305,12 @@ class Pipeline {
     }
   }
 
-  // Gathers and converts the chunk's output bytes into `out`; with `out` null, only starts
-  // the readahead of the chunk's inputs (MADV_WILLNEED returns once the reads are queued).
-  void fill(const Chunk& chunk, uint8_t* out) const {
+  // Gathers and converts the chunk's output bytes into `out`, and with `segments` given, sets
+  // them to the chunk's non-empty tensor pieces with their CRC-32s; with `out` null, only
+  // starts the readahead of the chunk's inputs (MADV_WILLNEED returns once the reads are
+  // queued).
+  void fill(const Chunk& chunk, uint8_t* out, std::vector<Segment>* segments) const {
+    if (segments != nullptr) segments->clear();
     const ShardPlan& shard = shards_[chunk.shard];
     const std::vector<uint64_t>& starts = starts_[chunk.shard];
     size_t t = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), chunk.begin) -
@@ -289,13 +321,19 @@ class Pipeline {
       const uint64_t tensor_end = starts[t] + tensor.numel * element_;
       const uint64_t first = (at - starts[t]) / element_;  // elements of the tensor
       const uint64_t last = (std::min(chunk.end, tensor_end) - starts[t]) / element_;
-      gather(tensor, first, last, out == nullptr ? nullptr : out + (at - chunk.begin));
-      at = std::min(chunk.end, tensor_end);
+      const uint64_t end = std::min(chunk.end, tensor_end);
+      uint32_t crc = 0;
+      gather(tensor, first, last, out == nullptr ? nullptr : out + (at - chunk.begin),
+             segments == nullptr ? nullptr : &crc);
+      if (segments != nullptr && end > at) segments->push_back(Segment{end - at, crc});
+      at = end;
     }
   }
 
-  // Elements [first, last) of `tensor` to `out`.
-  void gather(const PlannedTensor& tensor, uint64_t first, uint64_t last, uint8_t* out) const {
+  // Elements [first, last) of `tensor` to `out`; with `crc` given, continues it over the
+  // bytes written, block by block while each block is still in the cache.
+  void gather(const PlannedTensor& tensor, uint64_t first, uint64_t last, uint8_t* out,
+              uint32_t* crc) const {
     uint64_t piece_start = 0;
     for (const Piece& piece : tensor.pieces) {
       const uint64_t piece_end = piece_start + piece.numel;
@@ -307,9 +345,18 @@ class Pipeline {
         if (out == nullptr) {
           advise(source, (hi - lo) * in, MADV_WILLNEED);
         } else {
-          convert(source, piece.dtype, hi - lo, out, options_.dtype);
+          const uint64_t block = crc == nullptr ? hi - lo : kCrcBlockBytes / element_;
+          for (uint64_t done = 0; done < hi - lo;) {
+            const uint64_t count = std::min(block, hi - lo - done);
+            convert(source + done * in, piece.dtype, count, out, options_.dtype);
+            if (crc != nullptr) {
+              *crc =
+                  serialization::crc32_update(*crc, {out, static_cast<size_t>(count * element_)});
+            }
+            out += count * element_;
+            done += count;
+          }
           advise(source, (hi - lo) * in, MADV_DONTNEED);
-          out += (hi - lo) * element_;
         }
       }
       piece_start = piece_end;
@@ -326,11 +373,14 @@ class Pipeline {
   const std::vector<ShardPlan>& shards_;
   const WriteOptions& options_;
   const uint64_t element_;
+  const bool with_crc_;  // the workers compute each chunk's Segments (zip output needs CRCs)
   std::vector<std::vector<uint64_t>> starts_;  // per shard: byte offset of each tensor
   std::vector<Chunk> chunks_;
   uint64_t total_bytes_ = 0;
   double finish_seconds_ = 0;  // the writing thread's time in ShardSink::finish()
   std::vector<std::unique_ptr<uint8_t[]>> buffers_;  // the ring: chunk c fills slot c % size
+  // Per slot, the Segments of the chunk it holds (filled with the buffer, before ready_).
+  std::vector<std::vector<Segment>> segments_;
   std::atomic<size_t> next_chunk_{0};
   size_t lookahead_ = 0;  // chunks between the one being claimed and the one prefetched
 

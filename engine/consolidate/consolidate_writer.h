@@ -16,10 +16,11 @@
 // convert the chunks' elements from the mapped inputs into a ring of threads + 2 chunk
 // buffers while the calling thread writes the finished chunks in order, so reading and
 // writing overlap and memory stays at the ring (no shard, let alone the model, is held
-// whole). Input pages are requested ahead (MADV_WILLNEED, 128 MiB of output ahead) and
-// dropped from the process once copied (MADV_DONTNEED), so mapped pages do not pile up in the
-// resident set.
-// Files appear through AtomicFile (complete and fsynced, or absent); the index is written last.
+// whole). For .bin output the workers also compute the CRC-32 of each tensor's bytes in the
+// chunk as they convert them; the writing thread only combines those CRCs and writes. Input pages
+// are requested ahead (MADV_WILLNEED, 128 MiB of output ahead) and dropped from the process once
+// copied (MADV_DONTNEED), so mapped pages do not pile up in the resident set. Files appear through
+// AtomicFile (complete and fsynced, or absent); the index is written last.
 //
 // Errors: SerializationError naming the output file (write failures, from the serialization
 // writers) or std::invalid_argument for bad options; a worker's error is rethrown on the

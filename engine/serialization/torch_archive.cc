@@ -155,6 +155,10 @@ void TorchArchiveWriter::begin_storage(std::string_view key, uint64_t size_bytes
 
 void TorchArchiveWriter::write(std::span<const uint8_t> chunk) { zip_.write(chunk); }
 
+void TorchArchiveWriter::write(std::span<const uint8_t> chunk, uint32_t chunk_crc) {
+  zip_.write(chunk, chunk_crc);
+}
+
 void TorchArchiveWriter::finish() {
   if (!pickle_written_) fail("finish() before write_pickle()");
   for (const auto& [key, needed] : needed_bytes_) {

@@ -78,6 +78,8 @@ class TorchArchiveWriter {
   void add_storage(std::string_view key, std::span<const uint8_t> bytes);
   void begin_storage(std::string_view key, uint64_t size_bytes);
   void write(std::span<const uint8_t> chunk);
+  // write() with the chunk's CRC-32 computed by the caller (see ZipWriter::write).
+  void write(std::span<const uint8_t> chunk, uint32_t chunk_crc);
   // Writes `version`, checks that every storage the pickle names was written with
   // numel * element size bytes, and renames the archive into place.
   void finish();

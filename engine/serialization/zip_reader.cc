@@ -1,6 +1,9 @@
 #include "engine/serialization/zip_reader.h"
 
 #include <zlib.h>
+#ifdef ZINF_HAVE_LIBDEFLATE
+#include <libdeflate.h>
+#endif
 
 #include <algorithm>
 #include <bit>
@@ -13,7 +16,11 @@
 namespace zinf::serialization {
 
 uint32_t crc32_update(uint32_t crc, std::span<const uint8_t> bytes) {
+#ifdef ZINF_HAVE_LIBDEFLATE
+  return ::libdeflate_crc32(crc, bytes.data(), bytes.size());
+#else
   return static_cast<uint32_t>(::crc32_z(crc, bytes.data(), bytes.size()));
+#endif
 }
 
 namespace {

@@ -37,7 +37,9 @@
 
 namespace zinf::serialization {
 
-// CRC-32 (the zip/zlib polynomial) of `bytes`, continuing from `crc` (0 to start).
+// CRC-32 (the zip/zlib polynomial) of `bytes`, continuing from `crc` (0 to start): zlib's
+// crc32 values, computed by libdeflate where the build found it (engine/serialization's
+// CMakeLists.txt). Thread-safe.
 [[nodiscard]] uint32_t crc32_update(uint32_t crc, std::span<const uint8_t> bytes);
 
 // One stored record of an archive, as located from its central-directory entry.

@@ -132,26 +132,10 @@ void ZipWriter::begin_record(std::string_view name, uint64_t size_bytes) {
   record_written_ = 0;
 }
 
-void ZipWriter::write(std::span<const uint8_t> chunk) {
+ZipWriter::Record& ZipWriter::open_record_for(uint64_t count, const char* call) {
   check_usable();
   if (!record_open_) {
-    fail("write() with no record open");
-  }
-  Record& record = records_.back();
-  if (chunk.size() > record.size - record_written_) {
-    fail("record '" + record.name + "' declared " + std::to_string(record.size) +
-         " bytes; writing " + std::to_string(chunk.size()) + " more after " +
-         std::to_string(record_written_));
-  }
-  record.crc = crc32_update(record.crc, chunk);
-  file_.append(chunk);
-  record_written_ += chunk.size();
-}
-
-void ZipWriter::write_zeros(uint64_t count) {
-  check_usable();
-  if (!record_open_) {
-    fail("write_zeros() with no record open");
+    fail(std::string(call) + " with no record open");
   }
   Record& record = records_.back();
   if (count > record.size - record_written_) {
@@ -159,6 +143,26 @@ void ZipWriter::write_zeros(uint64_t count) {
          " bytes; writing " + std::to_string(count) + " more after " +
          std::to_string(record_written_));
   }
+  return record;
+}
+
+void ZipWriter::write(std::span<const uint8_t> chunk) {
+  Record& record = open_record_for(chunk.size(), "write()");
+  record.crc = crc32_update(record.crc, chunk);
+  file_.append(chunk);
+  record_written_ += chunk.size();
+}
+
+void ZipWriter::write(std::span<const uint8_t> chunk, uint32_t chunk_crc) {
+  Record& record = open_record_for(chunk.size(), "write()");
+  record.crc = static_cast<uint32_t>(
+      ::crc32_combine(record.crc, chunk_crc, static_cast<z_off_t>(chunk.size())));
+  file_.append(chunk);
+  record_written_ += chunk.size();
+}
+
+void ZipWriter::write_zeros(uint64_t count) {
+  Record& record = open_record_for(count, "write_zeros()");
   if (count < kHoleMinBytes) {
     static const std::array<uint8_t, kHoleMinBytes> kZeros{};
     write(std::span<const uint8_t>(kZeros.data(), static_cast<size_t>(count)));

@@ -9,7 +9,9 @@
 // Streaming: begin_record(name, size) then write(chunk)... until `size` bytes were given, or
 // add_record(name, bytes). The CRC-32 is computed while writing and patched into the local
 // header afterwards, so no data descriptor is needed and nothing is held in memory beyond a
-// 1 MiB write buffer.
+// 1 MiB write buffer. A caller that already has each chunk's CRC-32 (worker threads that
+// produced the chunk, say) passes it with write(chunk, chunk_crc): the writer then only
+// combines CRCs (zlib's crc32_combine, O(log size)) and the writing thread only writes.
 //
 // Crash safety: everything goes to a temporary file beside `path` (path + ".tmp.<random>");
 // finish() writes the central directory, fsyncs the file, renames it over `path` and fsyncs
@@ -58,6 +60,10 @@ class ZipWriter {
   void begin_record(std::string_view name, uint64_t size_bytes);
   // Appends to the open record.
   void write(std::span<const uint8_t> chunk);
+  // Appends to the open record, taking `chunk_crc` (crc32_update(0, chunk), see zip_reader.h)
+  // as the chunk's CRC-32 instead of computing it. The caller must give the right value: the
+  // writer does not check it, and a wrong one makes readers that verify CRCs refuse the record.
+  void write(std::span<const uint8_t> chunk, uint32_t chunk_crc);
   // Appends `count` zero bytes to the open record; large runs become a hole in the file.
   void write_zeros(uint64_t count);
   // begin_record(name, bytes.size()) + write(bytes).
@@ -80,6 +86,8 @@ class ZipWriter {
   };
 
   void check_usable() const;
+  // Checks that `count` more bytes fit in the open record; returns the record.
+  Record& open_record_for(uint64_t count, const char* call);
   void close_record();
   [[noreturn]] void fail(const std::string& what);
 

@@ -21,6 +21,8 @@
 #include "engine/serialization/safetensors.h"
 #include "engine/serialization/serialization_error.h"
 #include "engine/serialization/torch_archive.h"
+#include "engine/serialization/zip_reader.h"
+#include "engine/serialization/zip_writer.h"
 #include "tests/common/temp_dir.h"
 #include "tests/serialization/serialization_test_util.h"
 #include "tests/tools/test_system.h"
@@ -100,7 +102,31 @@ void read_safetensors(const std::string& path, StateDict& out) {
   }
 }
 
+// The workers compute the zip records' CRC-32s chunk by chunk and the writer combines them:
+// the archive must be byte for byte what a ZipWriter computing every CRC itself writes from
+// the same records (rewritten here in 1000-byte chunks), and every CRC must check.
+void expect_same_as_rewritten(const std::string& path) {
+  const serialization::ZipReader reader =
+      serialization::ZipReader::open(path, {.verify_crc = true});
+  const std::string copy = path + ".rewritten";
+  {
+    serialization::ZipWriter writer(copy);
+    for (const serialization::ZipEntry& entry : reader.entries()) {
+      const std::span<const uint8_t> data = reader.data(entry);
+      writer.begin_record(entry.name, data.size());
+      for (size_t at = 0; at < data.size(); at += 1000) {
+        writer.write(data.subspan(at, std::min<size_t>(1000, data.size() - at)));
+      }
+    }
+    writer.finish();
+  }
+  EXPECT_TRUE(serialization::testing::read_bytes(copy) == serialization::testing::read_bytes(path))
+      << path << " differs from its records rewritten by a ZipWriter";
+  fs::remove(copy);
+}
+
 void read_bin(const std::string& path, StateDict& out) {
+  expect_same_as_rewritten(path);
   const serialization::TorchArchive archive = serialization::TorchArchive::open(path);
   for (const serialization::PickleEntry& entry : archive.root().entries()) {
     const serialization::TensorRef& ref = entry.value->tensor();
@@ -525,7 +551,14 @@ TEST_F(ZeroToFp32Test, PeakMemoryStaysFarBelowTheCheckpointSize) {
   const double output_mib =
       static_cast<double>(fs::file_size(output("big_out") + "/pytorch_model.bin")) / (1 << 20);
   EXPECT_GT(output_mib, 240.0);
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+  // A sanitizer's shadow of every touched page (the mapped inputs too) counts in the RSS of
+  // the instrumented zinf (about 1 GiB under ThreadSanitizer here): the bound holds for
+  // normal builds only.
+  (void)peak_rss_mib;
+#else
   EXPECT_LT(peak_rss_mib(run) - peak_rss_mib(small), 100.0) << run.out << small.out;
+#endif
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <zip.h>
+#include <zlib.h>
 
 #include <cstring>
 #include <filesystem>
@@ -46,9 +47,16 @@ Records random_records(uint64_t seed) {
   return records;
 }
 
+// How write_archive hands chunks to the writer.
+enum class ChunkCrc {
+  kComputed,  // write(chunk): the writer computes the CRC-32
+  kGiven,     // write(chunk, crc): the caller computed it
+  kMixed,     // either, chosen at random per chunk
+};
+
 // Writes `records`, each in random-sized chunks.
 void write_archive(const std::string& path, const Records& records, ZipWriter::Options options,
-                   uint64_t seed) {
+                   uint64_t seed, ChunkCrc chunk_crc = ChunkCrc::kComputed) {
   std::mt19937_64 rng(seed);
   ZipWriter writer(path, options);
   for (const auto& [name, data] : records) {
@@ -56,7 +64,14 @@ void write_archive(const std::string& path, const Records& records, ZipWriter::O
     size_t at = 0;
     while (at < data.size()) {
       const size_t chunk = std::min<size_t>(data.size() - at, 1 + rng() % 300000);
-      writer.write(std::span<const uint8_t>(data).subspan(at, chunk));
+      const std::span<const uint8_t> bytes = std::span<const uint8_t>(data).subspan(at, chunk);
+      const bool given =
+          chunk_crc == ChunkCrc::kGiven || (chunk_crc == ChunkCrc::kMixed && rng() % 2);
+      if (given) {
+        writer.write(bytes, crc32_update(0, bytes));
+      } else {
+        writer.write(bytes);
+      }
       at += chunk;
     }
   }
@@ -142,6 +157,69 @@ TEST_P(ZipRoundTrip, IndependentReadersAgree) {
   EXPECT_EQ(listed.output, expected_listing(records));
   // Only the archive is left: the temp file was renamed.
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 2);
+}
+
+// Chunks whose CRC-32 the caller computed (all of them, or mixed with chunks the writer
+// computes) give the same bytes as the writer computing every CRC, and those CRCs check.
+TEST_P(ZipRoundTrip, GivenChunkCrcsGiveTheSameArchive) {
+  const uint64_t seed = zinf::testing::test_seed();
+  ZINF_TRACE_SEED(seed);
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const Records records = random_records(seed);
+  ZipWriter::Options options;
+  options.force_zip64 = GetParam();
+  const std::string computed = dir.file("computed.zip");
+  write_archive(computed, records, options, seed + 1, ChunkCrc::kComputed);
+  for (const ChunkCrc mode : {ChunkCrc::kGiven, ChunkCrc::kMixed}) {
+    SCOPED_TRACE(mode == ChunkCrc::kGiven ? "given" : "mixed");
+    const std::string path = dir.file("given.zip");
+    // Other chunk sizes than `computed` used: the CRCs are combined across chunk boundaries.
+    write_archive(path, records, options, seed + 2, mode);
+    EXPECT_EQ(read_bytes(path), read_bytes(computed));
+    expect_records(ZipReader::open(path, {.verify_crc = true}), records);
+    expect_libzip_reads(path, records);
+  }
+}
+
+// crc32_update (libdeflate's where the build found it, else zlib's) gives zlib's values,
+// continued across pieces of any size and alignment.
+TEST(Crc32, MatchesZlibInPiecesOfAnySize) {
+  const uint64_t seed = zinf::testing::test_seed();
+  ZINF_TRACE_SEED(seed);
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> data((3u << 20) + 77);
+  for (uint8_t& b : data) b = static_cast<uint8_t>(rng());
+  for (int trial = 0; trial < 20; ++trial) {
+    const size_t begin = rng() % 4096;
+    const size_t end = begin + rng() % (data.size() - begin);
+    uLong want = ::crc32_z(0, data.data() + begin, end - begin);
+    uint32_t got = 0;
+    for (size_t at = begin; at < end;) {
+      const size_t piece = std::min<size_t>(end - at, rng() % 3 == 0 ? rng() % 64 : rng() % 700000);
+      got = crc32_update(got, std::span<const uint8_t>(data).subspan(at, piece));
+      at += piece;
+    }
+    EXPECT_EQ(got, static_cast<uint32_t>(want)) << "bytes " << begin << ".." << end;
+  }
+}
+
+// A wrong CRC given with a chunk is recorded as given (the writer does not recompute it), so
+// a reader that verifies CRCs refuses the record.
+TEST(ZipWriter, GivenChunkCrcIsTrusted) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  const std::string path = dir.file("wrong.zip");
+  const std::vector<uint8_t> data = {1, 2, 3, 4, 5};
+  {
+    ZipWriter writer(path);
+    writer.begin_record("r", data.size());
+    writer.write(data, crc32_update(0, data) ^ 1);
+    writer.finish();
+  }
+  (void)ZipReader::open(path);
+  expect_error([&] { (void)ZipReader::open(path, {.verify_crc = true}); },
+               "CRC-32 mismatch in 'r'");
 }
 
 INSTANTIATE_TEST_SUITE_P(Zip64, ZipRoundTrip, ::testing::Bool(), zip64_name);
