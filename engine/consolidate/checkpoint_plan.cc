@@ -1,12 +1,15 @@
 #include "engine/consolidate/checkpoint_plan.h"
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <regex>
+#include <optional>
 #include <set>
 #include <sstream>
+#include <string_view>
+#include <utility>
 
 #include "engine/consolidate/element_convert.h"
 #include "engine/serialization/serialization_error.h"
@@ -21,6 +24,35 @@ using serialization::TorchArchive;
 namespace fs = std::filesystem;
 
 namespace {
+
+// Checkpoint file names are matched by hand (no std::regex: GCC 12 warns inside it under
+// -fsanitize=address, and a rank too long for an int must not throw from std::stoi).
+bool take(std::string_view& s, std::string_view word) {
+  if (s.substr(0, word.size()) != word) return false;
+  s.remove_prefix(word.size());
+  return true;
+}
+
+// The decimal number at the start of `s` (1 to 9 digits), consumed; nullopt otherwise.
+std::optional<int> take_number(std::string_view& s) {
+  size_t n = 0;
+  while (n < s.size() && n < 10 && s[n] >= '0' && s[n] <= '9') ++n;
+  if (n == 0 || n > 9) return std::nullopt;
+  int value = 0;
+  std::from_chars(s.data(), s.data() + n, value);
+  s.remove_prefix(n);
+  return value;
+}
+
+// "zero_pp_rank_<dp>_mp_rank_<mp><suffix>": {dp, mp}, or nullopt for any other name.
+std::optional<std::pair<int, int>> zero_file_ranks(std::string_view s, std::string_view suffix) {
+  if (!take(s, "zero_pp_rank_")) return std::nullopt;
+  const std::optional<int> dp = take_number(s);
+  if (!dp || !take(s, "_mp_rank_")) return std::nullopt;
+  const std::optional<int> mp = take_number(s);
+  if (!mp || s != suffix) return std::nullopt;
+  return std::make_pair(*dp, *mp);
+}
 
 [[noreturn]] void fail(const std::string& file, const std::string& what) {
   throw SerializationError(file, kNoOffset, what);
@@ -174,33 +206,33 @@ class PlanBuilder {
   }
 
   void list_files() {
-    static const std::regex kOptim(
-        R"(^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$)");
-    static const std::regex kModel3(R"(^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$)");
-    static const std::regex kModel(R"(^mp_rank_(\d+)_model_states\.pt$)");
     std::map<int, std::string> optim;
     std::error_code ec;
     for (const fs::directory_entry& entry : fs::directory_iterator(plan_.tag_dir, ec)) {
       const std::string name = entry.path().filename().string();
-      std::smatch match;
-      if (std::regex_match(name, match, kOptim)) {
-        if (std::stoi(match[3]) != 0) {
+      std::string_view rest = name;
+      const bool bf16 = take(rest, "bf16_");
+      if (const auto ids = zero_file_ranks(rest, "_optim_states.pt")) {
+        if (ids->second != 0) {
           fail(entry.path().string(), "model parallelism (mp_rank > 0) is not supported");
         }
-        const int rank = std::stoi(match[2]);
+        const int rank = ids->first;
         if (optim.count(rank) != 0) {
           fail(entry.path().string(), "a second optimizer file for rank " + std::to_string(rank) +
                                           " (beside " + optim[rank] + ")");
         }
         optim[rank] = entry.path().string();
-        prefix_ = match[1];
-      } else if (std::regex_match(name, match, kModel3)) {
-        if (std::stoi(match[2]) != 0) {
+        prefix_ = bf16 ? "bf16_" : "";
+      } else if (bf16) {
+        continue;  // no model-states file carries the prefix
+      } else if (const auto ids3 = zero_file_ranks(rest, "_model_states.pt")) {
+        if (ids3->second != 0) {
           fail(entry.path().string(), "model parallelism (mp_rank > 0) is not supported");
         }
-        model3_paths_[std::stoi(match[1])] = entry.path().string();
-      } else if (std::regex_match(name, match, kModel) && std::stoi(match[1]) == 0) {
-        model_path_ = entry.path().string();
+        model3_paths_[ids3->first] = entry.path().string();
+      } else if (take(rest, "mp_rank_")) {
+        const std::optional<int> mp = take_number(rest);
+        if (mp && *mp == 0 && rest == "_model_states.pt") model_path_ = entry.path().string();
       }
     }
     if (ec) fail(plan_.tag_dir, "cannot list the folder: " + ec.message());
