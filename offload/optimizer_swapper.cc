@@ -45,12 +45,22 @@ const char* state_name(OptimizerState state) {
 
 }  // namespace
 
-// The pinned buffers and the I/O queue of one sub-group in flight. The leases come before
-// the queue: the queue's destructor drains its transfers before the buffers go back.
+// The pinned buffers and the I/O queue of one sub-group in flight, and what the buffers
+// hold between steps (the cache). The leases come before the queue: the queue's destructor
+// drains its transfers before the buffers go back.
 struct OptimizerSwapper::BufferSet {
   std::vector<PinnedBufferPool::Lease> states;  // one per kind, in kinds_ order
   PinnedBufferPool::Lease copy;                 // the 16-bit param copy
   std::unique_ptr<NvmeStore::Queue> queue;
+  long holds = -1;          // the sub-group whose arrays the buffers hold, or -1
+  std::vector<char> valid;  // per kind: states[k] holds sub-group `holds`'s current values
+
+  void hold(long sub_group) {
+    if (holds != sub_group) {
+      holds = sub_group;
+      std::fill(valid.begin(), valid.end(), 0);
+    }
+  }
 };
 
 OptimizerSwapper::OptimizerSwapper(const OptimizerSwapperConfig& config,
@@ -97,19 +107,29 @@ OptimizerSwapper::OptimizerSwapper(const OptimizerSwapperConfig& config,
       store_->reserve();  // fail now, with the numbers, rather than at the first write
       state_pool_ = std::make_unique<PinnedBufferPool>(sets * kinds_.size(), group * 4, accelerator,
                                                        "optimizer state pool");
+      copy_pool_ =
+          std::make_unique<PinnedBufferPool>(sets, group * 2, accelerator, "param copy pool");
       for (size_t s = 0; s < sets; ++s) {
         auto set = std::make_unique<BufferSet>();
+        set->states = state_pool_->acquire(kinds_.size());
+        set->copy = copy_pool_->acquire();
+        set->valid.assign(kinds_.size(), 0);
         set->queue = make_queue();
         sets_.push_back(std::move(set));
+      }
+      if (grads_in_sets()) {
+        for (size_t s = 0; s < sub_groups_.size(); ++s) {
+          sets_[s]->holds = static_cast<long>(s);
+        }
       }
     } else {
       for (OptimizerState kind : kinds_) {
         memory_.emplace_back(config_.numel * element_bytes(kind));
       }
       sets_.push_back(std::make_unique<BufferSet>());
+      copy_pool_ =
+          std::make_unique<PinnedBufferPool>(sets, group * 2, accelerator, "param copy pool");
     }
-    copy_pool_ =
-        std::make_unique<PinnedBufferPool>(sets, group * 2, accelerator, "param copy pool");
   } catch (...) {
     free_extents();
     throw;
@@ -117,6 +137,49 @@ OptimizerSwapper::OptimizerSwapper(const OptimizerSwapperConfig& config,
 }
 
 OptimizerSwapper::~OptimizerSwapper() { free_extents(); }
+
+OptimizerSwapper::BufferSet* OptimizerSwapper::holder(size_t sub_group) noexcept {
+  if (store_ == nullptr) {
+    return nullptr;
+  }
+  BufferSet& set = *sets_[sub_group % sets_.size()];
+  return set.holds == static_cast<long>(sub_group) ? &set : nullptr;
+}
+
+bool OptimizerSwapper::grads_in_sets() const noexcept {
+  return store_ != nullptr && sub_groups_.size() <= sets_.size();
+}
+
+void OptimizerSwapper::drop_sets() noexcept {
+  for (auto& set : sets_) {
+    if (set->queue != nullptr) {
+      try {
+        set->queue->wait();
+      } catch (...) {
+      }
+      set->queue.reset();
+    }
+    set->holds = -1;
+    std::fill(set->valid.begin(), set->valid.end(), 0);
+  }
+}
+
+void OptimizerSwapper::flush() {
+  if (store_ == nullptr) {
+    return;
+  }
+  try {
+    for (auto& set : sets_) {
+      if (set->queue != nullptr && set->queue->pending() > 0) {
+        ScopedTime time(counters_, Counters::Clock::kIoWait);
+        set->queue->wait();
+      }
+    }
+  } catch (...) {
+    drop_sets();
+    throw;
+  }
+}
 
 void OptimizerSwapper::free_extents() noexcept {
   sets_.clear();  // their queues drain whatever is still in flight first
@@ -188,15 +251,22 @@ void OptimizerSwapper::initialize(const float* params) {
     if (kind == OptimizerState::kParams) {
       continue;
     }
+    const size_t k = kind_index(kind);
     if (store_ == nullptr) {
-      std::memset(memory_[kind_index(kind)].data(), 0, memory_[kind_index(kind)].size());
+      std::memset(memory_[k].data(), 0, memory_[k].size());
       continue;
     }
-    PinnedBufferPool::Lease zeros = state_pool_->acquire();
-    std::memset(zeros.data(), 0, zeros.size());
-    const size_t k = kind_index(kind);
+    // Zeros are the value of this array in every sub-group: each set's buffer of it becomes
+    // zeros (still valid for the sub-group the set holds), and the first one is written out.
+    for (auto& set : sets_) {
+      std::memset(set->states[k].data(), 0, set->states[k].size());
+      set->valid[k] = 1;
+    }
+    if (kind == OptimizerState::kGrads && grads_in_sets()) {
+      continue;  // the grads live in the sets only
+    }
     for (const SubGroup& sg : sub_groups_) {
-      store_->write(sg.extents[k], zeros.data());
+      store_->write(sg.extents[k], sets_[0]->states[k].data());
       counters_.add_nvme_written(sg.numel * element_bytes(kind));
     }
   }
@@ -211,9 +281,8 @@ void OptimizerSwapper::load_state(OptimizerState state, const void* data) {
     counters_.add_cpu_written(config_.numel * bytes);
     return;
   }
-  for (const SubGroup& sg : sub_groups_) {
-    store_->write(sg.extents[k], src + sg.offset * bytes);
-    counters_.add_nvme_written(sg.numel * bytes);
+  for (size_t g = 0; g < sub_groups_.size(); ++g) {
+    write_sub_group(state, g, src + sub_groups_[g].offset * bytes);
   }
 }
 
@@ -226,9 +295,8 @@ void OptimizerSwapper::read_state(OptimizerState state, void* data) {
     counters_.add_cpu_read(config_.numel * bytes);
     return;
   }
-  for (const SubGroup& sg : sub_groups_) {
-    store_->read(sg.extents[k], dst + sg.offset * bytes);
-    counters_.add_nvme_read(sg.numel * bytes);
+  for (size_t g = 0; g < sub_groups_.size(); ++g) {
+    read_sub_group(state, g, dst + sub_groups_[g].offset * bytes);
   }
 }
 
@@ -257,8 +325,20 @@ void OptimizerSwapper::write_sub_group(OptimizerState state, size_t sub_group, c
     counters_.add_cpu_written(numel * bytes);
     return;
   }
-  store_->write(sub_groups_[sub_group].extents[k], data);
-  counters_.add_nvme_written(numel * bytes);
+  flush();
+  const bool grads_kept = state == OptimizerState::kGrads && grads_in_sets();
+  if (grads_kept) {
+    sets_[sub_group]->hold(static_cast<long>(sub_group));
+  }
+  if (BufferSet* set = holder(sub_group)) {
+    std::memcpy(set->states[k].data(), data, numel * bytes);
+    set->valid[k] = 1;
+    counters_.add_cpu_written(numel * bytes);
+  }
+  if (!grads_kept) {
+    store_->write(sub_groups_[sub_group].extents[k], data);
+    counters_.add_nvme_written(numel * bytes);
+  }
 }
 
 void OptimizerSwapper::read_sub_group(OptimizerState state, size_t sub_group, void* data) {
@@ -267,6 +347,12 @@ void OptimizerSwapper::read_sub_group(OptimizerState state, size_t sub_group, vo
   const size_t bytes = element_bytes(state);
   if (store_ == nullptr) {
     std::memcpy(data, memory_[k].data() + offset * bytes, numel * bytes);
+    counters_.add_cpu_read(numel * bytes);
+    return;
+  }
+  flush();
+  if (BufferSet* set = holder(sub_group); set != nullptr && set->valid[k] != 0) {
+    std::memcpy(data, set->states[k].data(), numel * bytes);
     counters_.add_cpu_read(numel * bytes);
     return;
   }
@@ -289,16 +375,36 @@ void OptimizerSwapper::write_grads(uint64_t offset, const void* grads, uint64_t 
     counters_.add_cpu_written(numel * bytes);
     return;
   }
+  flush();
   const uint64_t end = offset + numel;
-  for (const SubGroup& sg : sub_groups_) {
+  for (size_t g = 0; g < sub_groups_.size(); ++g) {
+    const SubGroup& sg = sub_groups_[g];
     const uint64_t begin = std::max(offset, sg.offset);
     const uint64_t stop = std::min(end, sg.offset + sg.numel);
     if (begin >= stop) {
       continue;
     }
-    store_->write_range(sg.extents[k], (begin - sg.offset) * bytes, src + (begin - offset) * bytes,
-                        (stop - begin) * bytes);
-    counters_.add_nvme_written((stop - begin) * bytes);
+    const std::byte* piece = src + (begin - offset) * bytes;
+    const uint64_t at = (begin - sg.offset) * bytes;
+    const uint64_t length = (stop - begin) * bytes;
+    if (grads_in_sets()) {
+      // Kept in the set only. Its grads are invalid only before initialize() or after a
+      // failure dropped them: the rest of the sub-group starts at zero then.
+      BufferSet& set = *sets_[g];
+      set.hold(static_cast<long>(g));
+      if (set.valid[k] == 0 && length < sg.numel * bytes) {
+        std::memset(set.states[k].data(), 0, sg.numel * bytes);
+      }
+      std::memcpy(set.states[k].data() + at, piece, length);
+      set.valid[k] = 1;
+      counters_.add_cpu_written(length);
+      continue;
+    }
+    if (BufferSet* set = holder(g); set != nullptr && set->valid[k] != 0) {
+      std::memcpy(set->states[k].data() + at, piece, length);
+    }
+    store_->write_range(sg.extents[k], at, piece, length);
+    counters_.add_nvme_written(length);
   }
 }
 
@@ -385,21 +491,23 @@ void OptimizerSwapper::step_nvme(const OptimizerStepOptions& options, const Para
       set->queue = make_queue();
     }
   }
-  for (auto& set : sets_) {
-    set->states = state_pool_->acquire(kinds_.size());
-    set->copy = copy_pool_->acquire();
-  }
   auto wait = [&](BufferSet& set) {
     ScopedTime time(counters_, Counters::Clock::kIoWait);
     set.queue->wait();
   };
   // Queue the reads of sub-group i into its set, once that set's previous writes are done.
+  // Arrays the set still holds for sub-group i are not read again.
   auto issue_reads = [&](size_t i) {
     BufferSet& set = *sets_[i % set_count];
     wait(set);
+    set.hold(static_cast<long>(i));
     const SubGroup& sg = sub_groups_[i];
     for (size_t k = 0; k < kinds_.size(); ++k) {
+      if (set.valid[k] != 0) {
+        continue;
+      }
       set.queue->async_read(sg.extents[k], set.states[k].data());
+      set.valid[k] = 1;  // once waited for; a failed read drops every set
       counters_.add_nvme_read(sg.numel * element_bytes(kinds_[k]));
     }
   };
@@ -423,6 +531,7 @@ void OptimizerSwapper::step_nvme(const OptimizerStepOptions& options, const Para
       void* copy_ptr = !options.copy_params                          ? nullptr
                        : config_.param_copy_dtype == DType::kFloat32 ? arrays[0]
                                                                      : set.copy.data();
+      set.valid[grads] = 0;  // consumed by this step
       report.nonfinite_grads += run_optimizer(sg, arrays.data(), copy_ptr, options);
       if (copy_ptr != nullptr && sink) {
         ScopedTime time(counters_, Counters::Clock::kCompute);
@@ -430,41 +539,32 @@ void OptimizerSwapper::step_nvme(const OptimizerStepOptions& options, const Para
       }
       for (size_t k = 0; k < kinds_.size(); ++k) {
         if (k == grads) {
-          continue;  // consumed by this step
+          continue;
         }
         set.queue->async_write(sg.extents[k], set.states[k].data());
         counters_.add_nvme_written(sg.numel * element_bytes(kinds_[k]));
       }
-      if (!config_.pipeline_write) {
+      if (!config_.pipeline_write && i + 1 < n) {
         wait(set);
       }
       if (!config_.pipeline_read && i + 1 < n) {
         issue_reads(i + 1);
       }
     }
-    for (auto& set : sets_) {
-      wait(*set);
+    // Every set's writes but the last sub-group's are waited for here (they were issued
+    // earlier and have mostly ended); the last one's run behind the caller's next work.
+    for (size_t s = 0; s < set_count; ++s) {
+      if (n == 0 || s != (n - 1) % set_count) {
+        wait(*sets_[s]);
+      }
     }
   } catch (...) {
-    // Let every transfer end before the buffers go back to the pool; report the first error.
+    // Let every transfer end before anything reuses the buffers; report the first error.
     // Then close the queues: one that saw an error may hold a broken aio handle (an engine
-    // failure fails all its later transfers), so the next step makes fresh ones.
-    for (auto& set : sets_) {
-      try {
-        set->queue->wait();
-      } catch (...) {
-      }
-      set->queue.reset();
-    }
-    for (auto& set : sets_) {
-      set->states.clear();
-      set->copy.release();
-    }
+    // failure fails all its later transfers), so the next step makes fresh ones. What the
+    // sets held is dropped: the disk is the only truth after a failed step.
+    drop_sets();
     throw;
-  }
-  for (auto& set : sets_) {
-    set->states.clear();
-    set->copy.release();
   }
 }
 

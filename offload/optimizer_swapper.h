@@ -20,11 +20,29 @@
 // Each set's I/O queue has the state buffers registered (io_uring fixed buffers; when the
 // kernel refuses, transfers take the normal path).
 //
+// The sets are a cache as well as a pipeline. Sub-group i always passes through set
+// i % sets, and a set keeps its buffers between steps: after a step each set still holds
+// the last sub-group it updated, its params and states equal to what was written to disk.
+// A later read of those arrays (the next step's, read_sub_group, a checkpoint save) is
+// served from the buffer instead of the disk; every update is still written to disk
+// (write-through). When every sub-group has a set of its own (sub-groups <= sets, e.g. one
+// sub-group) the grads live in the sets only: write_sub_group / write_grads of grads copy
+// into the set and write nothing, so a step reads nothing from disk and writes p, m, v once.
+// Writes through this class's other calls update a held buffer too, so the cache never
+// serves stale values.
+//
+// Write-behind: step() returns while the writes of its last sub-group are in flight; they
+// run behind the caller's next work (the forward and backward of the next step) and are
+// waited for by the next call that touches the arrays (any call but counters/config
+// accessors; flush() waits for them alone).
+//
 // Failure: any I/O error or corrupt extent throws OffloadError out of step() after every
-// in-flight transfer has ended. Sub-groups before the failing one have been updated on
-// disk; the step as a whole must be treated as failed (restore from a checkpoint). The
-// step's I/O queues are closed then (a queue that saw an error may hold a broken aio
-// handle) and the next step makes fresh ones.
+// in-flight transfer has ended — or, for the last sub-group's writes, out of the next call
+// that waits for them (that step counts as failed). Sub-groups before the failing one have
+// been updated on disk; the step as a whole must be treated as failed (restore from a
+// checkpoint). The I/O queues are closed then (a queue that saw an error may hold a broken
+// aio handle), the next step makes fresh ones, and every cached buffer is dropped: later
+// reads go to the disk, where a torn extent is reported as corrupt rather than read.
 //
 // Thread safety: calls on one OptimizerSwapper must not overlap (one driving thread); the
 // I/O it issues runs on aio's workers and the optimizer on TBB's. counters() may be called
@@ -123,6 +141,9 @@ class OptimizerSwapper {
   // One optimizer step over every sub-group (see the header comment).
   [[nodiscard]] OptimizerStepReport step(const OptimizerStepOptions& options,
                                          const ParamCopySink& sink = {});
+  // Waits for the writes the last step left in flight (write-behind) and throws their
+  // error, if any. Device kCpu: nothing to do.
+  void flush();
 
   [[nodiscard]] const OptimizerSwapperConfig& config() const noexcept { return config_; }
   [[nodiscard]] size_t sub_group_count() const noexcept { return sub_groups_.size(); }
@@ -151,6 +172,12 @@ class OptimizerSwapper {
                          const OptimizerStepOptions& options);
   // Closes the sets' queues (draining them), then frees every extent of the sub-groups.
   void free_extents() noexcept;
+  // Device kNvme: the set whose buffers hold sub-group `sub_group`, or nullptr.
+  BufferSet* holder(size_t sub_group) noexcept;
+  // Every sub-group has a set of its own: the grads are kept in the sets only.
+  [[nodiscard]] bool grads_in_sets() const noexcept;
+  // After an I/O error: close every queue (draining it) and forget what the sets hold.
+  void drop_sets() noexcept;
   // A new I/O queue for a buffer set, with state_pool_'s buffers registered (until one
   // handle refuses them).
   std::unique_ptr<NvmeStore::Queue> make_queue();

@@ -86,10 +86,11 @@ OptimizerStepOptions options_for(int step) {
   return options;
 }
 
-Outcome run_swapper(const Problem& problem, OptimizerSwapperConfig config, NvmeStore* store) {
+Outcome run_swapper(const Problem& problem, OptimizerSwapperConfig config, NvmeStore* store,
+                    uint64_t sub_group = kSubGroup) {
   AdamOptimizer adam(adam_config());
   config.numel = kNumel;
-  config.sub_group_size = kSubGroup;
+  config.sub_group_size = sub_group;
   OptimizerSwapper swapper(config, adam, store);
   swapper.initialize(problem.params.data());
   Outcome out;
@@ -105,7 +106,7 @@ Outcome run_swapper(const Problem& problem, OptimizerSwapperConfig config, NvmeS
           copy.resize(numel);
           std::memcpy(copy.data(), data, numel * 2);
         });
-    EXPECT_EQ(report.sub_groups, 4u);
+    EXPECT_EQ(report.sub_groups, (kNumel + sub_group - 1) / sub_group);
     out.nonfinite += report.nonfinite_grads;
   }
   out.params.resize(kNumel);
@@ -118,15 +119,15 @@ Outcome run_swapper(const Problem& problem, OptimizerSwapperConfig config, NvmeS
 }
 
 // optimizer_cpu called directly, sub-group by sub-group, on plain arrays, for `steps` steps.
-Outcome run_direct(const Problem& problem, int steps = 3) {
+Outcome run_direct(const Problem& problem, int steps = 3, uint64_t sub_group = kSubGroup) {
   AdamOptimizer adam(adam_config());
   Outcome out;
   out.params = problem.params;
   out.exp_avg.assign(kNumel, 0.0f);
   out.exp_avg_sq.assign(kNumel, 0.0f);
   for (int s = 0; s < steps; ++s) {
-    for (uint64_t offset = 0; offset < kNumel; offset += kSubGroup) {
-      const uint64_t n = std::min(kSubGroup, kNumel - offset);
+    for (uint64_t offset = 0; offset < kNumel; offset += sub_group) {
+      const uint64_t n = std::min(sub_group, kNumel - offset);
       std::vector<uint16_t>& copy = out.copies[offset];
       copy.resize(n);
       optimizer_cpu::StepArgs args;
@@ -180,6 +181,92 @@ TEST(OptimizerSwapper, NvmeStepIsBitIdenticalToInMemoryAndPipeliningChangesNothi
                            ", pipeline_write " + std::to_string(nvme.pipeline_write) +
                            ", checksums " + std::to_string(checksums));
     }
+  }
+}
+
+// The sets keep the sub-group they last updated: with one set per sub-group (1 or 2
+// sub-groups here, grads kept in the sets only) and with fewer sets than sub-groups, in
+// every pipelining mode, three steps give what plain arrays give.
+TEST(OptimizerSwapper, SetsKeptAcrossStepsChangeNoResult) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  const Problem problem(seed);
+  for (const uint64_t sub_group : {kNumel, uint64_t{5004}, kSubGroup}) {
+    const Outcome direct = run_direct(problem, 3, sub_group);
+    for (const bool checksums : {false, true}) {
+      for (int mode = 0; mode < 4; ++mode) {
+        TempDir dir;
+        NvmeStore store(store_config(dir.path(), checksums));
+        OptimizerSwapperConfig nvme;
+        nvme.pipeline_read = (mode & 1) != 0;
+        nvme.pipeline_write = (mode & 2) != 0;
+        expect_identical(run_swapper(problem, nvme, &store, sub_group), direct,
+                         "sub_group " + std::to_string(sub_group) + ", mode " +
+                             std::to_string(mode) + ", checksums " + std::to_string(checksums));
+      }
+    }
+  }
+}
+
+// A sub-group the sets hold is read from them, not from the disk: with one sub-group, the
+// second step reads nothing from NVMe and writes params, m and v once; the grads never reach
+// the disk. Writes between steps (a checkpoint load) reach the next step.
+TEST(OptimizerSwapper, HeldSubGroupsAreNotReadBackAndWritesBetweenStepsAreSeen) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  const Problem problem(seed);
+  // The reference: step 1, then the params replaced (by the second grads array, any values
+  // will do), then step 2.
+  Outcome direct;
+  {
+    const Outcome one = run_direct(problem, 1, kNumel);
+    AdamOptimizer adam(adam_config());
+    direct.params = problem.grads[1];
+    direct.exp_avg = one.exp_avg;
+    direct.exp_avg_sq = one.exp_avg_sq;
+    optimizer_cpu::StepArgs args;
+    args.params = direct.params.data();
+    args.grads = problem.grads[2].data();
+    args.exp_avg = direct.exp_avg.data();
+    args.exp_avg_sq = direct.exp_avg_sq.data();
+    args.numel = kNumel;
+    args.grad_scale = 0.75f / 128.0f;
+    args.step = 2;
+    (void)adam.step(args);
+  }
+  for (int mode = 0; mode < 4; ++mode) {
+    SCOPED_TRACE("mode " + std::to_string(mode));
+    TempDir dir;
+    NvmeStore store(store_config(dir.path(), true));
+    AdamOptimizer adam(adam_config());
+    OptimizerSwapperConfig config;
+    config.numel = kNumel;
+    config.sub_group_size = kNumel;
+    config.pipeline_read = (mode & 1) != 0;
+    config.pipeline_write = (mode & 2) != 0;
+    OptimizerSwapper swapper(config, adam, &store);
+    swapper.initialize(problem.params.data());
+    swapper.write_grads(0, problem.grads[0].data(), kNumel);
+    (void)swapper.step(options_for(1));
+    swapper.load_state(OptimizerState::kParams, problem.grads[1].data());
+    swapper.reset_counters();
+    swapper.write_grads(0, problem.grads[2].data(), 5000);  // in two pieces
+    swapper.write_grads(5000, problem.grads[2].data() + 5000, kNumel - 5000);
+    (void)swapper.step(options_for(2));
+    swapper.flush();
+    const OffloadCounters c = swapper.counters();
+    EXPECT_EQ(c.nvme_bytes_read, 0u);
+    EXPECT_EQ(c.nvme_bytes_written, kNumel * 12);  // params, m, v
+    Outcome out;
+    out.params.resize(kNumel);
+    out.exp_avg.resize(kNumel);
+    out.exp_avg_sq.resize(kNumel);
+    swapper.read_state(OptimizerState::kParams, out.params.data());
+    swapper.read_state(OptimizerState::kExpAvg, out.exp_avg.data());
+    swapper.read_state(OptimizerState::kExpAvgSq, out.exp_avg_sq.data());
+    EXPECT_EQ(std::memcmp(out.params.data(), direct.params.data(), kNumel * 4), 0);
+    EXPECT_EQ(std::memcmp(out.exp_avg.data(), direct.exp_avg.data(), kNumel * 4), 0);
+    EXPECT_EQ(std::memcmp(out.exp_avg_sq.data(), direct.exp_avg_sq.data(), kNumel * 4), 0);
   }
 }
 
@@ -627,6 +714,50 @@ TEST_P(OptimizerSwapperFaults, ShortWriteThenErrorMidStepIsReportedNotApplied) {
   std::vector<float> params(kNumel);
   swapper.read_state(OptimizerState::kParams, params.data());
   EXPECT_EQ(std::memcmp(params.data(), one_step.params.data(), kNumel * 4), 0);
+}
+
+// The last sub-group's writes run on after step() returns: an error in them is thrown by the
+// next call (flush here), names the swap file, and drops what the sets held, so the torn
+// extent is reported as corrupt instead of being served from memory.
+TEST_P(OptimizerSwapperFaults, LastSubGroupWriteErrorIsReportedByTheNextCall) {
+  const int mode = std::get<0>(GetParam());
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  const Problem problem(seed);
+  FaultRig rig(problem, mode, std::get<1>(GetParam()), /*checksums=*/true,
+               /*intra_op_parallelism=*/1);
+  OptimizerSwapper& swapper = rig.swapper;
+  aio::FaultInjector* faults = rig.faults.get();
+  // Sub-group 3 (the last, 1007 elements) has its params extent at 3 x 4 x 12288.
+  constexpr uint64_t kParams3 = 3 * 4 * 12288;
+  faults->add(aio::FaultRule{.op = aio::Op::kWrite,
+                             .offset_begin = kParams3,
+                             .offset_end = kParams3 + 1,
+                             .kind = aio::FaultKind::kError,
+                             .error = EIO});
+  (void)swapper.step(options_for(1));  // the failing write may still be in flight
+  try {
+    swapper.flush();
+    FAIL() << "the failed write of the last sub-group was not reported";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo) << e.what();
+    EXPECT_NE(std::string(e.what()).find(rig.store.path()), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(faults->fired(0), 1u);
+  faults->clear();
+  swapper.flush();  // reported once
+  std::vector<float> group(1007);
+  try {
+    swapper.read_sub_group(OptimizerState::kParams, 3, group.data());
+    FAIL() << "params of the sub-group whose write failed were served";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kCorrupt) << e.what();
+  }
+  // Sub-groups 0-2 were written: their updated values are on disk.
+  const Outcome one_step = run_direct(problem, 1);
+  std::vector<float> first(kSubGroup);
+  swapper.read_sub_group(OptimizerState::kParams, 0, first.data());
+  EXPECT_EQ(std::memcmp(first.data(), one_step.params.data(), kSubGroup * 4), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
