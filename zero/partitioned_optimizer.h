@@ -15,7 +15,9 @@
 // sums of earlier micro-batches, is read back first. The sub-group staged at the end of a
 // micro-batch stays staged into the next one (written only when another sub-group needs
 // the buffer, or at the last micro-batch): with one sub-group, the grads are written once
-// per step and never read back before the step.
+// per step and never read back before the step. When every sub-group has a buffer set of
+// its own in the swapper (offload/optimizer_swapper.h), "written" means copied into that
+// set: the grads never reach the disk.
 //
 // Global norm and overflow without an extra pass over NVMe: when a sub-group's grads are
 // final (last micro-batch) its sum of squares and its count of NaN/Inf values are taken

@@ -2,9 +2,13 @@
 // under ZeRO stage 3 with its params and optimizer states on NVMe swap files in --dir, saved
 // with Engine::save_checkpoint (the states streamed sub-group by sub-group from the swap files
 // into the checkpoint), beside fio writing as many bytes sequentially with O_DIRECT and 1 MiB
-// blocks in the same folder. Rounds alternate fio and save, so both see the same disk state;
-// each round prints both figures and their ratio, then the median ratio (target >= 0.8).
-// The checkpoint is loaded back once per round too (load GB/s).
+// blocks in the same folder, then reading them back. Each round first trains --train-steps
+// steps (a save follows a step in training; 0 saves states no step has touched), then
+// saves, runs fio, and loads the checkpoint back. Per round: the save's GB/s, fio's write
+// GB/s and their ratio (target >= 0.8); what the save read from the swap files and what it
+// took from the optimizer's buffer sets, which still hold the sub-groups the step updated
+// last; and the disk bound (those reads at fio's read rate plus the writes at its write
+// rate, one after the other) against the save's time. Then the median ratio.
 //
 //   zinf_checkpoint_save_bench --dir /var/tmp --layers 16 --rounds 3
 #include <ATen/ATen.h>
@@ -27,13 +31,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// fio's write GB/s for `bytes` written sequentially to `file` (O_DIRECT, 1 MiB blocks,
-// libaio queue depth 8, fsync at the end).
-double fio_write_gbps(const std::string& file, uint64_t bytes) {
+// fio's GB/s for `bytes` written (then read) sequentially in `file` (O_DIRECT, 1 MiB
+// blocks, libaio queue depth 8; writes fsynced at the end). `op`: "write" or "read"; the
+// read runs on the file the write left, and removes it.
+double fio_gbps(const std::string& file, uint64_t bytes, const std::string& op) {
   const std::string command = fmt::format(
-      "fio --name=seqwrite --filename='{}' --rw=write --bs=1M --direct=1 --ioengine=libaio "
-      "--iodepth=8 --size={} --end_fsync=1 --output-format=json 2>/dev/null",
-      file, bytes);
+      "fio --name=seq{0} --filename='{1}' --rw={0} --bs=1M --direct=1 --ioengine=libaio "
+      "--iodepth=8 --size={2} {3} --output-format=json 2>/dev/null",
+      op, file, bytes, op == "write" ? "--end_fsync=1" : "");
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) throw std::runtime_error("cannot run fio");
   std::string out;
@@ -41,11 +46,13 @@ double fio_write_gbps(const std::string& file, uint64_t bytes) {
   size_t got;
   while ((got = std::fread(chunk, 1, sizeof chunk, pipe)) > 0) out.append(chunk, got);
   const int status = ::pclose(pipe);
-  std::error_code ec;
-  fs::remove(file, ec);
+  if (op == "read" || status != 0) {
+    std::error_code ec;
+    fs::remove(file, ec);
+  }
   if (status != 0) throw std::runtime_error("fio failed: " + out);
   const auto json = nlohmann::json::parse(out);
-  const auto& job = json.at("jobs").at(0).at("write");
+  const auto& job = json.at("jobs").at(0).at(op);
   const double bytes_done = job.at("io_bytes").get<double>();
   const double ms = job.at("runtime").get<double>();  // includes the final fsync
   return bytes_done / (ms / 1e3) / 1e9;
@@ -67,6 +74,8 @@ int main(int argc, char** argv) {
   int64_t layers = 16;
   int rounds = 3;
   double sub_group = 1e8;
+  int train_steps = 1;
+  bool pipeline = false;
   app.add_option("--dir", dir, "Folder (filesystem) for swap files, checkpoints and fio's file")
       ->capture_default_str();
   app.add_option("--layers", layers, "Decoder layers of the 350m shape (16: ~2.5 GB saved)")
@@ -74,6 +83,11 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", rounds, "Interleaved fio / save rounds")->capture_default_str();
   app.add_option("--sub-group-size", sub_group, "zero_optimization.sub_group_size")
       ->capture_default_str();
+  app.add_option("--train-steps", train_steps,
+                 "Training steps before each save (micro-batch 1 of 16 tokens)")
+      ->capture_default_str();
+  app.add_flag("--pipeline", pipeline,
+               "offload_optimizer pipeline_read and pipeline_write (3 buffer sets, not 1)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -99,6 +113,7 @@ int main(int argc, char** argv) {
     o.zero.nvme_paths = {(fs::path(made) / "swap").string()};
     o.zero.sub_group_size = static_cast<uint64_t>(sub_group);
     o.zero.param_max_in_cpu = 0;
+    o.zero.pipeline_read = o.zero.pipeline_write = pipeline;
     o.optimizer.type = "AdamW";
     o.steps_per_print = 0;
     o.memory_budget = 64ull << 30;
@@ -118,36 +133,38 @@ int main(int argc, char** argv) {
     for (int r = 0; r < rounds; ++r) {
       std::error_code ec;
       fs::remove_all(ckpt, ec);
-      // What a save reads: every sub-group of the params and both moments from the swap files.
-      double read_seconds = 0.0;
-      {
-        auto& sw = engine.zero_model().optimizer().swapper();
-        std::vector<float> buffer;
-        const auto t0 = std::chrono::steady_clock::now();
-        for (auto state :
-             {zinf::offload::OptimizerState::kParams, zinf::offload::OptimizerState::kExpAvg,
-              zinf::offload::OptimizerState::kExpAvgSq}) {
-          for (size_t g = 0; g < sw.sub_group_count(); ++g) {
-            buffer.resize(sw.sub_group_range(g).second);
-            sw.read_sub_group(state, g, buffer.data());
-          }
-        }
-        read_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      for (int t = 0; t < train_steps; ++t) {
+        const at::Tensor tokens =
+            at::randint(0, 256, {1, 17}, at::TensorOptions().dtype(at::kLong));
+        const at::Tensor x = tokens.narrow(1, 0, 16);
+        const at::Tensor y = tokens.narrow(1, 1, 16);
+        engine.backward(engine.forward([&] { return model->loss(x, y); }));
+        (void)engine.step();
       }
+      auto& sw = engine.zero_model().optimizer().swapper();
+      const zinf::offload::OffloadCounters before = sw.counters();
       const double cpu0 = cpu_seconds();
       const zinf::engine::CheckpointReport saved = engine.save_checkpoint(ckpt, "bench");
       const double save_cpu = cpu_seconds() - cpu0;
-      const double fio = fio_write_gbps((fs::path(made) / "fio.dat").string(), saved.bytes);
+      const zinf::offload::OffloadCounters after = sw.counters();
+      const uint64_t from_disk = after.nvme_bytes_read - before.nvme_bytes_read;
+      const uint64_t from_sets = after.cpu_bytes_read - before.cpu_bytes_read;
+      const std::string fio_file = (fs::path(made) / "fio.dat").string();
+      const double fio = fio_gbps(fio_file, saved.bytes, "write");
+      const double fio_read = fio_gbps(fio_file, saved.bytes, "read");
       const zinf::engine::CheckpointReport loaded = engine.load_checkpoint(ckpt);
       const double ratio = saved.gb_per_second() / fio;
+      const double bound = static_cast<double>(from_disk) / 1e9 / fio_read +
+                           static_cast<double>(saved.bytes) / 1e9 / fio;
       ratios.push_back(ratio);
       fmt::print(
           "round {}: save {:.2f} GB in {:.2f} s = {:.2f} GB/s | fio write {:.2f} GB/s | ratio "
-          "{:.2f} | load {:.2f} s = {:.2f} GB/s | swap read alone {:.2f} GB/s | save CPU {:.2f} "
-          "s\n",
+          "{:.2f} | read from swap {:.2f} GB, from the buffer sets {:.2f} GB | fio read {:.2f} "
+          "GB/s | disk bound {:.2f} s = {:.2f}x the save | save CPU {:.2f} s | load {:.2f} s "
+          "= {:.2f} GB/s\n",
           r + 1, static_cast<double>(saved.bytes) / 1e9, saved.seconds, saved.gb_per_second(), fio,
-          ratio, loaded.seconds, loaded.gb_per_second(),
-          static_cast<double>(saved.bytes) / read_seconds / 1e9, save_cpu);
+          ratio, static_cast<double>(from_disk) / 1e9, static_cast<double>(from_sets) / 1e9,
+          fio_read, bound, bound / saved.seconds, save_cpu, loaded.seconds, loaded.gb_per_second());
       std::fflush(stdout);
     }
     std::sort(ratios.begin(), ratios.end());

@@ -26,6 +26,7 @@ struct Trained {
   std::vector<float> params;
   uint64_t bytes_read_before_step = 0;  // optimizer tier NVMe reads during accumulation
   uint64_t bytes_written_before_step = 0;
+  uint64_t set_bytes_before_step = 0;  // grads copied into the swapper's buffer sets
 };
 
 // Two steps of `micro_batches` micro-batches; each micro-batch adds seeded grads for every
@@ -72,6 +73,7 @@ Trained train(OffloadTarget tier, uint64_t sub_group_size, const std::vector<uin
     const offload::OffloadCounters after = opt.swapper().counters();
     run.bytes_read_before_step = after.nvme_bytes_read - before.nvme_bytes_read;
     run.bytes_written_before_step = after.nvme_bytes_written - before.nvme_bytes_written;
+    run.set_bytes_before_step = after.cpu_bytes_written - before.cpu_bytes_written;
     const OptimizerStepOutcome outcome = opt.step(step, 1.0, {});
     EXPECT_FALSE(outcome.skipped);
   }
@@ -85,12 +87,14 @@ TEST(PartitionedOptimizer, NvmeAccumulationMatchesMemoryAndReadsNoGradsBack) {
   ZINF_TRACE_SEED(seed);
   TempDir dir;
   const std::vector<uint64_t> numels = {3000, 1000, 500};
-  // One sub-group: its grads stay staged over the micro-batches, written once per step.
+  // One sub-group: its grads stay staged over the micro-batches and are handed over once per
+  // step, into the swapper's buffer set (which has that sub-group to itself), not to disk.
   const Trained memory = train(OffloadTarget::kCpu, 1'000'000, numels, seed, dir.path());
   const Trained nvme = train(OffloadTarget::kNvme, 1'000'000, numels, seed, dir.path());
   EXPECT_EQ(nvme.params, memory.params);
   EXPECT_EQ(nvme.bytes_read_before_step, 0u);
-  EXPECT_EQ(nvme.bytes_written_before_step, 4500u * sizeof(float));
+  EXPECT_EQ(nvme.bytes_written_before_step, 0u);
+  EXPECT_EQ(nvme.set_bytes_before_step, 4500u * sizeof(float));
   // Several sub-groups (grads arrive last first): still equal; only the sub-group staged
   // last stays in memory between micro-batches.
   const Trained split = train(OffloadTarget::kNvme, 1024, numels, seed, dir.path());
