@@ -321,16 +321,24 @@ struct PartitionView {
 // Streams partition array `state` into the archive, sub-group by sub-group: unit u's storage
 // under keys[u]. The next sub-group is read (on another thread; the swapper sees one call at
 // a time) while this one is written, so the save runs at the slower of the two rates rather
-// than their sum. Two sub-group buffers are held. Returns the bytes written.
+// than their sum. A sub-group the swapper holds in memory (its CPU arrays, or a buffer set
+// that still holds it after the last step) is written from there, not read: up to two
+// sub-group buffers are needed for the rest. Returns the bytes written.
 uint64_t stream_out(offload::OptimizerSwapper& sw, OptimizerState state,
                     const zero::PartitionLayout& layout, const std::vector<Unit>& units,
                     const std::vector<std::string>& keys, ser::TorchArchiveWriter& writer,
                     std::vector<float> (&buffers)[2]) {
   const auto& groups = layout.sub_groups();
+  const float* data[2] = {nullptr, nullptr};
+  // A sub-group the swapper holds in memory is written from there; any other is read.
   auto read = [&](size_t g) {
-    std::vector<float>& b = buffers[g % 2];
-    b.resize(groups[g].numel);
-    sw.read_sub_group(state, g, b.data());
+    data[g % 2] = static_cast<const float*>(sw.held(state, g));
+    if (data[g % 2] == nullptr) {
+      std::vector<float>& b = buffers[g % 2];
+      b.resize(groups[g].numel);
+      sw.read_sub_group(state, g, b.data());
+      data[g % 2] = b.data();
+    }
   };
   std::future<void> next;
   // The reader uses a buffer this frame owns: it must end before any exception leaves.
@@ -347,13 +355,13 @@ uint64_t stream_out(offload::OptimizerSwapper& sw, OptimizerState state,
   for (size_t g = 0; g < groups.size(); ++g) {
     if (next.valid()) next.get();
     if (g + 1 < groups.size()) next = std::async(std::launch::async, read, g + 1);
-    const std::vector<float>& buffer = buffers[g % 2];
+    const float* buffer = data[g % 2];
     uint64_t pos = groups[g].offset;
     const uint64_t end = groups[g].offset + groups[g].numel;
     while (pos < end && u < units.size()) {
       if (done == 0) writer.begin_storage(keys[u], units[u].numel * sizeof(float));
       const uint64_t n = std::min(end - pos, units[u].offset + units[u].numel - pos);
-      writer.write({reinterpret_cast<const uint8_t*>(buffer.data() + (pos - groups[g].offset)),
+      writer.write({reinterpret_cast<const uint8_t*>(buffer + (pos - groups[g].offset)),
                     static_cast<size_t>(n * sizeof(float))});
       pos += n;
       done += n;

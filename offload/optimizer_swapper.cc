@@ -360,6 +360,22 @@ void OptimizerSwapper::read_sub_group(OptimizerState state, size_t sub_group, vo
   counters_.add_nvme_read(numel * bytes);
 }
 
+const void* OptimizerSwapper::held(OptimizerState state, size_t sub_group) {
+  const auto [offset, numel] = sub_group_range(sub_group);
+  const size_t k = kind_index(state);
+  if (store_ == nullptr) {
+    counters_.add_cpu_read(numel * element_bytes(state));
+    return memory_[k].data() + offset * element_bytes(state);
+  }
+  flush();
+  BufferSet* set = holder(sub_group);
+  if (set == nullptr || set->valid[k] == 0) {
+    return nullptr;
+  }
+  counters_.add_cpu_read(numel * element_bytes(state));
+  return set->states[k].data();
+}
+
 void OptimizerSwapper::write_grads(uint64_t offset, const void* grads, uint64_t numel) {
   if (offset > config_.numel || numel > config_.numel - offset) {
     throw OffloadError(ErrorKind::kUsage, "write_grads of " + std::to_string(numel) +

@@ -130,6 +130,12 @@ class OptimizerSwapper {
   // than memory can be filled, accumulated into and saved piece by piece.
   void write_sub_group(OptimizerState state, size_t sub_group, const void* data);
   void read_sub_group(OptimizerState state, size_t sub_group, void* data);
+  // Device kNvme: the buffer that holds array `state` of `sub_group` [sub_group_range(i).numel
+  // elements], when a buffer set holds it (see the header comment), else nullptr; device kCpu:
+  // the array itself at the sub-group. Valid until the next call other than held(),
+  // read_sub_group(), counters() or the accessors; read it, do not write it. Saves copy from
+  // it instead of reading the sub-group into a buffer of their own.
+  [[nodiscard]] const void* held(OptimizerState state, size_t sub_group);
   // Whether the optimizer keeps this array (Adagrad has no exp_avg, Lion no exp_avg_sq).
   [[nodiscard]] bool has_state(OptimizerState state) const noexcept;
   // First element and element count of sub-group i.

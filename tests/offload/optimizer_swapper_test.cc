@@ -267,7 +267,30 @@ TEST(OptimizerSwapper, HeldSubGroupsAreNotReadBackAndWritesBetweenStepsAreSeen) 
     EXPECT_EQ(std::memcmp(out.params.data(), direct.params.data(), kNumel * 4), 0);
     EXPECT_EQ(std::memcmp(out.exp_avg.data(), direct.exp_avg.data(), kNumel * 4), 0);
     EXPECT_EQ(std::memcmp(out.exp_avg_sq.data(), direct.exp_avg_sq.data(), kNumel * 4), 0);
+    // A save copies straight from the set.
+    const void* held = swapper.held(OptimizerState::kExpAvg, 0);
+    ASSERT_NE(held, nullptr);
+    EXPECT_EQ(std::memcmp(held, direct.exp_avg.data(), kNumel * 4), 0);
+    EXPECT_EQ(swapper.held(OptimizerState::kGrads, 0), nullptr) << "consumed by the step";
   }
+  // Four sub-groups through one set: only the last one updated is held.
+  TempDir dir;
+  NvmeStore store(store_config(dir.path(), false));
+  AdamOptimizer adam(adam_config());
+  OptimizerSwapperConfig config;
+  config.numel = kNumel;
+  config.sub_group_size = kSubGroup;
+  OptimizerSwapper swapper(config, adam, &store);
+  swapper.initialize(problem.params.data());
+  swapper.write_grads(0, problem.grads[0].data(), kNumel);
+  (void)swapper.step(options_for(1));
+  const Outcome one = run_direct(problem, 1);
+  for (size_t g = 0; g < 3; ++g) {
+    EXPECT_EQ(swapper.held(OptimizerState::kParams, g), nullptr) << "sub-group " << g;
+  }
+  const void* last = swapper.held(OptimizerState::kParams, 3);
+  ASSERT_NE(last, nullptr);
+  EXPECT_EQ(std::memcmp(last, one.params.data() + 3 * kSubGroup, (kNumel - 3 * kSubGroup) * 4), 0);
 }
 
 // The sets' queues have the state buffers registered: on io_uring the step's transfers use
