@@ -232,23 +232,30 @@ TEST(EngineMultirank, TwoRanksMatchPlainLibTorchAtEveryStage) {
   }
 }
 
+// Trains `o` in fp32 and in `precision` (parameters allocated in `dtype`): the low-precision
+// run trains (its last loss well below its first) and stays within `tolerance` of the fp32
+// losses, relative, at every step. Prints "<label>: loss ... max relative difference ...".
+void expect_trains_near_fp32(const std::string& label, EngineOptions o, zero::Precision precision,
+                             at::ScalarType dtype, double tolerance) {
+  const std::vector<double> fp32 = train_engine(o, at::kFloat);
+  o.zero.precision = precision;
+  const std::vector<double> low = train_engine(o, dtype);
+  ASSERT_EQ(low.size(), fp32.size());
+  EXPECT_LT(low.back(), 0.8 * low.front());
+  for (size_t i = 0; i < low.size(); ++i) {
+    EXPECT_NEAR(low[i], fp32[i], tolerance * fp32[i]) << "step " << i + 1;
+  }
+  std::cout << label << ": loss " << low.front() << " -> " << low.back() << " (fp32 "
+            << fp32.front() << " -> " << fp32.back() << "); max relative difference from fp32 over "
+            << kSteps << " steps " << max_relative_difference(low, fp32) << "\n";
+}
+
 TEST(EngineBf16, TrainsAndStaysNearFp32) {
   if (::zinf::testing::is_child_rank()) {
     GTEST_SKIP() << "launching test inside a rank";
   }
-  EngineOptions o = options_for("stage3", "");
-  const std::vector<double> fp32 = train_engine(o, at::kFloat);
-  o.zero.precision = zero::Precision::kBFloat16;
-  const std::vector<double> bf16 = train_engine(o, at::kBFloat16);
-  ASSERT_EQ(bf16.size(), fp32.size());
-  // Trains: the last steps' losses well below the first step's.
-  EXPECT_LT(bf16.back(), 0.8 * bf16.front());
-  for (size_t i = 0; i < bf16.size(); ++i) {
-    EXPECT_NEAR(bf16[i], fp32[i], kBf16Tolerance * fp32[i]) << "step " << i + 1;
-  }
-  std::cout << "BF16 stage 3, 1 rank: loss " << bf16.front() << " -> " << bf16.back() << " (fp32 "
-            << fp32.front() << " -> " << fp32.back() << "); max relative difference from fp32 over "
-            << kSteps << " steps " << max_relative_difference(bf16, fp32) << "\n";
+  expect_trains_near_fp32("BF16 stage 3, 1 rank", options_for("stage3", ""),
+                          zero::Precision::kBFloat16, at::kBFloat16, kBf16Tolerance);
 }
 
 // fp16 (parameters, ZeRO slices, gathered parameters, activations, gradients and their
@@ -261,19 +268,8 @@ TEST(EngineFp16, TrainsAndStaysNearFp32) {
   }
   for (const std::string name : {"stage3", "stage3_cpu"}) {
     SCOPED_TRACE(name);
-    EngineOptions o = options_for(name, "");
-    const std::vector<double> fp32 = train_engine(o, at::kFloat);
-    o.zero.precision = zero::Precision::kFloat16;
-    const std::vector<double> fp16 = train_engine(o, at::kHalf);
-    ASSERT_EQ(fp16.size(), fp32.size());
-    EXPECT_LT(fp16.back(), 0.8 * fp16.front());
-    for (size_t i = 0; i < fp16.size(); ++i) {
-      EXPECT_NEAR(fp16[i], fp32[i], kFp16Tolerance * fp32[i]) << "step " << i + 1;
-    }
-    std::cout << "FP16 " << name << ", 1 rank: loss " << fp16.front() << " -> " << fp16.back()
-              << " (fp32 " << fp32.front() << " -> " << fp32.back()
-              << "); max relative difference from fp32 over " << kSteps << " steps "
-              << max_relative_difference(fp16, fp32) << "\n";
+    expect_trains_near_fp32("FP16 " + name + ", 1 rank", options_for(name, ""),
+                            zero::Precision::kFloat16, at::kHalf, kFp16Tolerance);
   }
 }
 
