@@ -270,15 +270,6 @@ int run_train(const TrainArgs& args) {
     const config::RunConfig cfg =
         resolve_run_config(root, source_name, overrides, *model, &override_lines);
 
-    if (cfg.zero.precision == zero::Precision::kFloat16 &&
-        cfg.zinf.accelerator == config::AcceleratorType::kCpu) {
-      // LibTorch 1.13's CPU kernels have no fp16 matmul ("addmm_impl_cpu_" not implemented
-      // for 'Half'): fail before anything is allocated rather than in the first forward.
-      throw config::ConfigError(cfg.source, "fp16.enabled",
-                                "fp16 compute needs a CUDA accelerator: LibTorch's CPU kernels "
-                                "have no fp16 matmul; on the CPU accelerator enable bf16 "
-                                "(bf16.enabled) or neither (fp32)");
-    }
     const auto [threads, threads_why] = compute_threads(args, cfg, launch);
     engine::EngineOptions options = engine_options(cfg, launch, seq_len, threads);
     const at::ScalarType dtype = parameter_dtype(cfg.zero.precision);
@@ -303,6 +294,14 @@ int run_train(const TrainArgs& args) {
         engine::format_bytes(states), kStateBytesPerParam,
         static_cast<double>(states) / static_cast<double>(options.memory_budget),
         options.accelerator, engine::format_bytes(options.memory_budget)));
+    if (cfg.zero.precision == zero::Precision::kFloat16 &&
+        cfg.zinf.accelerator == config::AcceleratorType::kCpu) {
+      say(fmt::format(
+          "fp16 on the CPU accelerator: {} computed in fp32 and rounded to fp16 (LibTorch "
+          "1.13 has no CPU fp16 kernels for them); parameters, activations and gradients stay "
+          "fp16",
+          engine::kCpuFp16InFp32));
+    }
     // The note matters for the generated fallback; "fortunes: ..." repeats the description.
     if (!corpus_note.empty() && corpus_note.rfind("fortunes:", 0) != 0) {
       say("data: " + corpus_note);
@@ -374,6 +373,7 @@ int run_train(const TrainArgs& args) {
         progress.print(fmt::format("checkpoint saved: {} ({} in {:.2f} s, {:.2f} GB/s)", r.path,
                                    engine::format_bytes(r.bytes), r.seconds, r.gb_per_second()));
     };
+    const double initial_loss_scale = eng.loss_scaler().scale();
     int sig = 0;
     while (step < steps && (sig = agreed_signal(eng)) == 0) {
       const engine::StepReport r = eng.train_batch([&](int) {
@@ -430,6 +430,11 @@ int run_train(const TrainArgs& args) {
           loss_end < entropy ? fmt::format("beaten by {:.4f}", entropy - loss_end)
                              : std::string("not beaten"));
       fmt::print("            {}\n", sparkline(losses, 60));
+      if (cfg.zero.precision == zero::Precision::kFloat16) {
+        fmt::print(
+            "fp16        loss scale {:g} -> {:g}; {} of {} steps skipped (gradient overflow)\n",
+            initial_loss_scale, eng.loss_scaler().scale(), eng.skipped_steps(), step);
+      }
       if (!args.plot.empty()) {
         LossCurve lc;
         lc.points = curve;

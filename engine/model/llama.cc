@@ -30,6 +30,29 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// LibTorch 1.13 has no CPU kernels for these ops in fp16 (matmul's addmm and bmm, SiLU): on a
+// CPU fp16 tensor they run in fp32 and round the result to fp16, as a GPU's fp16 GEMM
+// accumulates in fp32 and rounds its output. The casts are autograd ops, so gradients flow
+// back through them and arrive in fp16. Every other dtype and device takes LibTorch's kernel
+// unchanged (fp32 and bf16 results are bit-identical to calling it directly).
+bool fp16_on_cpu(const at::Tensor& t) {
+  return t.scalar_type() == at::kHalf && t.device().is_cpu();
+}
+
+at::Tensor portable_matmul(const at::Tensor& a, const at::Tensor& b) {
+  if (!fp16_on_cpu(a) && !fp16_on_cpu(b)) {
+    return at::matmul(a, b);
+  }
+  return at::matmul(a.to(at::kFloat), b.to(at::kFloat)).to(at::kHalf);
+}
+
+at::Tensor portable_silu(const at::Tensor& x) {
+  if (!fp16_on_cpu(x)) {
+    return at::silu(x);
+  }
+  return at::silu(x.to(at::kFloat)).to(at::kHalf);
+}
+
 at::Tensor rotate_half(const at::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
@@ -156,7 +179,9 @@ ProjectionImpl::ProjectionImpl(torch::Tensor shared_weight) {
   weight = register_parameter("weight", std::move(shared_weight));
 }
 
-torch::Tensor ProjectionImpl::forward(const torch::Tensor& x) { return at::matmul(x, weight.t()); }
+torch::Tensor ProjectionImpl::forward(const torch::Tensor& x) {
+  return portable_matmul(x, weight.t());
+}
 
 EmbeddingImpl::EmbeddingImpl(int64_t vocab, int64_t dim, at::ScalarType dtype) {
   weight = register_parameter("weight", at::empty({vocab, dim}, dtype));
@@ -193,12 +218,12 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   const at::Tensor sin = angles.sin().to(x.scalar_type());
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
-  at::Tensor scores =
-      at::matmul(q, k.transpose(-2, -1)).to(at::kFloat) / std::sqrt(static_cast<double>(head_dim));
+  at::Tensor scores = portable_matmul(q, k.transpose(-2, -1)).to(at::kFloat) /
+                      std::sqrt(static_cast<double>(head_dim));
   const at::Tensor future = at::ones({seq, seq}, at::kBool).triu(1);
   scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
   const at::Tensor probs = at::softmax(scores, -1).to(x.scalar_type());
-  const at::Tensor out = at::matmul(probs, v).transpose(1, 2).reshape({batch, seq, hidden});
+  const at::Tensor out = portable_matmul(probs, v).transpose(1, 2).reshape({batch, seq, hidden});
   return o_proj(out);
 }
 
@@ -209,7 +234,7 @@ MlpImpl::MlpImpl(const LlamaConfig& c) {
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  return down_proj(at::silu(gate_proj(x)) * up_proj(x));
+  return down_proj(portable_silu(gate_proj(x)) * up_proj(x));
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& c) {

@@ -12,7 +12,10 @@
 // the same model for any world size, rank or construction order.
 //
 // Precision: the layers compute in their parameters' dtype (fp32, bf16 or fp16); RMSNorm
-// and softmax run in fp32; logits are returned in fp32.
+// and softmax run in fp32; logits are returned in fp32. On CPU fp16 tensors the ops LibTorch
+// 1.13 has no CPU fp16 kernel for (kCpuFp16InFp32) run in fp32 and round their results to
+// fp16, as a GPU's fp16 GEMM accumulates in fp32; parameters, activations and gradients stay
+// fp16.
 //
 // Thread safety: as torch::nn::Module.
 #pragma once
@@ -29,6 +32,10 @@
 #include "zero/zero_block.h"
 
 namespace zinf::engine {
+
+// The ops computed in fp32 and rounded to fp16 when the model runs in fp16 on the CPU (their
+// LibTorch 1.13 CPU kernels do not exist for fp16), for start-up notes.
+inline constexpr const char* kCpuFp16InFp32 = "matmuls (addmm, bmm) and SiLU";
 
 struct LlamaConfig {
   std::string name = "custom";
