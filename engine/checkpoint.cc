@@ -24,6 +24,7 @@
 #include "engine/engine.h"
 #include "engine/serialization/atomic_file.h"
 #include "engine/serialization/torch_archive.h"
+#include "engine/serialization/zip_reader.h"
 #include "zero/comm/torch_dtype.h"
 
 namespace zinf::engine {
@@ -329,15 +330,38 @@ uint64_t stream_out(offload::OptimizerSwapper& sw, OptimizerState state,
                     const std::vector<std::string>& keys, ser::TorchArchiveWriter& writer,
                     std::vector<float> (&buffers)[2]) {
   const auto& groups = layout.sub_groups();
+  // A sub-group's pieces, one per unit it overlaps, with their CRC-32 (the zip records need
+  // it): taken on the reading thread, so the writing thread only copies.
+  struct Piece {
+    uint64_t pos = 0;  // partition offset
+    uint64_t numel = 0;
+    uint32_t crc = 0;
+  };
   const float* data[2] = {nullptr, nullptr};
+  std::vector<Piece> pieces[2];
   // A sub-group the swapper holds in memory is written from there; any other is read.
   auto read = [&](size_t g) {
-    data[g % 2] = static_cast<const float*>(sw.held(state, g));
-    if (data[g % 2] == nullptr) {
+    const float*& d = data[g % 2];
+    d = static_cast<const float*>(sw.held(state, g));
+    if (d == nullptr) {
       std::vector<float>& b = buffers[g % 2];
       b.resize(groups[g].numel);
       sw.read_sub_group(state, g, b.data());
-      data[g % 2] = b.data();
+      d = b.data();
+    }
+    std::vector<Piece>& list = pieces[g % 2];
+    list.clear();
+    const uint64_t begin = groups[g].offset;
+    const uint64_t end = begin + groups[g].numel;
+    auto unit = std::upper_bound(units.begin(), units.end(), begin, [](uint64_t at, const Unit& x) {
+      return at < x.offset + x.numel;
+    });
+    for (uint64_t pos = begin; pos < end && unit != units.end(); ++unit) {
+      const uint64_t n = std::min(end, unit->offset + unit->numel) - pos;
+      const auto* bytes = reinterpret_cast<const uint8_t*>(d + (pos - begin));
+      list.push_back(
+          {pos, n, ser::crc32_update(0, {bytes, static_cast<size_t>(n * sizeof(float))})});
+      pos += n;
     }
   };
   std::future<void> next;
@@ -355,17 +379,13 @@ uint64_t stream_out(offload::OptimizerSwapper& sw, OptimizerState state,
   for (size_t g = 0; g < groups.size(); ++g) {
     if (next.valid()) next.get();
     if (g + 1 < groups.size()) next = std::async(std::launch::async, read, g + 1);
-    const float* buffer = data[g % 2];
-    uint64_t pos = groups[g].offset;
-    const uint64_t end = groups[g].offset + groups[g].numel;
-    while (pos < end && u < units.size()) {
+    for (const Piece& piece : pieces[g % 2]) {
       if (done == 0) writer.begin_storage(keys[u], units[u].numel * sizeof(float));
-      const uint64_t n = std::min(end - pos, units[u].offset + units[u].numel - pos);
-      writer.write({reinterpret_cast<const uint8_t*>(buffer + (pos - groups[g].offset)),
-                    static_cast<size_t>(n * sizeof(float))});
-      pos += n;
-      done += n;
-      bytes += n * sizeof(float);
+      writer.write({reinterpret_cast<const uint8_t*>(data[g % 2] + (piece.pos - groups[g].offset)),
+                    static_cast<size_t>(piece.numel * sizeof(float))},
+                   piece.crc);
+      done += piece.numel;
+      bytes += piece.numel * sizeof(float);
       if (done == units[u].numel) {
         ++u;
         done = 0;
