@@ -338,11 +338,13 @@ uint64_t stream_out(offload::OptimizerSwapper& sw, OptimizerState state,
     uint32_t crc = 0;
   };
   const float* data[2] = {nullptr, nullptr};
+  bool in_memory[2] = {false, false};  // data[] is the swapper's: stable for the whole save
   std::vector<Piece> pieces[2];
   // A sub-group the swapper holds in memory is written from there; any other is read.
   auto read = [&](size_t g) {
     const float*& d = data[g % 2];
     d = static_cast<const float*>(sw.held(state, g));
+    in_memory[g % 2] = d != nullptr;
     if (d == nullptr) {
       std::vector<float>& b = buffers[g % 2];
       b.resize(groups[g].numel);
@@ -380,10 +382,17 @@ uint64_t stream_out(offload::OptimizerSwapper& sw, OptimizerState state,
     if (next.valid()) next.get();
     if (g + 1 < groups.size()) next = std::async(std::launch::async, read, g + 1);
     for (const Piece& piece : pieces[g % 2]) {
-      if (done == 0) writer.begin_storage(keys[u], units[u].numel * sizeof(float));
-      writer.write({reinterpret_cast<const uint8_t*>(data[g % 2] + (piece.pos - groups[g].offset)),
-                    static_cast<size_t>(piece.numel * sizeof(float))},
-                   piece.crc);
+      // Data at 4 KiB in the file, so a sub-group the swapper holds (page-aligned) is written
+      // from its buffer with O_DIRECT, no copy.
+      if (done == 0) writer.begin_storage(keys[u], units[u].numel * sizeof(float), 4096);
+      const std::span<const uint8_t> chunk(
+          reinterpret_cast<const uint8_t*>(data[g % 2] + (piece.pos - groups[g].offset)),
+          static_cast<size_t>(piece.numel * sizeof(float)));
+      if (in_memory[g % 2]) {
+        writer.write_stable(chunk, piece.crc);
+      } else {
+        writer.write(chunk, piece.crc);
+      }
       done += piece.numel;
       bytes += piece.numel * sizeof(float);
       if (done == units[u].numel) {

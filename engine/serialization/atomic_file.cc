@@ -150,28 +150,36 @@ void AtomicFile::wait_write() {
   if (written.error) fail(written.error->offset, written.error->what);
 }
 
-void AtomicFile::write_blocks() {
+void AtomicFile::write_blocks(const uint8_t* extra, uint64_t extra_length) {
   wait_write();
   const uint64_t staged = offset_ - buffer_offset_;
   const uint64_t whole = staged / block() * block();
-  if (whole == 0) return;
+  if (whole == 0 && extra_length == 0) return;
   uint8_t* const full = stages_[current_].get();
   current_ = 1 - current_;
   std::memcpy(stages_[current_].get(), full + whole, static_cast<size_t>(staged - whole));
   const uint64_t at = buffer_offset_;
-  buffer_offset_ += whole;
+  buffer_offset_ += whole + extra_length;
+  offset_ += extra_length;
   const int buffered_fd = fd_;
   const int direct_fd = direct_fd_;
   writing_ = std::async(std::launch::async, [=]() {
     Written written;
-    PwriteResult r = pwrite_all(direct_fd >= 0 ? direct_fd : buffered_fd, full, whole, at);
-    if (r.error == EINVAL && direct_fd >= 0) {
-      // Opened, but the filesystem refuses the write itself: the rest goes buffered.
-      written.direct_refused = true;
-      const uint64_t done = r.offset - at;
-      r = pwrite_all(buffered_fd, full + done, whole - done, r.offset);
-    }
-    if (r.error != 0) written.error = WriteError{r.offset, describe(r)};
+    int fd = direct_fd >= 0 ? direct_fd : buffered_fd;
+    auto put = [&](const uint8_t* bytes, uint64_t length, uint64_t offset) {
+      if (length == 0 || written.error) return;
+      PwriteResult r = pwrite_all(fd, bytes, length, offset);
+      if (r.error == EINVAL && fd == direct_fd) {
+        // Opened, but the filesystem refuses the write itself: the rest goes buffered.
+        written.direct_refused = true;
+        fd = buffered_fd;
+        const uint64_t done = r.offset - offset;
+        r = pwrite_all(fd, bytes + done, length - done, r.offset);
+      }
+      if (r.error != 0) written.error = WriteError{r.offset, describe(r)};
+    };
+    put(full, whole, at);
+    put(extra, extra_length, at + whole);
     return written;
   });
 }
@@ -206,6 +214,26 @@ void AtomicFile::stage(const uint8_t* bytes, uint64_t length) {
 void AtomicFile::append(std::span<const uint8_t> bytes) {
   check_usable();
   stage(bytes.data(), bytes.size());
+}
+
+void AtomicFile::append_stable(std::span<const uint8_t> bytes) {
+  check_usable();
+  const uint8_t* data = bytes.data();
+  uint64_t length = bytes.size();
+  if (direct()) {
+    const uint64_t head = std::min(length, (kBlock - offset_ % kBlock) % kBlock);
+    const uint64_t whole = (length - head) / kBlock * kBlock;
+    if (whole >= kInPlaceMin && reinterpret_cast<uintptr_t>(data + head) % kBlock == 0) {
+      // Up to the block boundary, so nothing partial stays staged. Should O_DIRECT be
+      // refused meanwhile, the run is still written in place, buffered.
+      stage(data, head);
+      write_blocks(data + head, whole);
+      in_place_bytes_ += whole;
+      data += head + whole;
+      length -= head + whole;
+    }
+  }
+  stage(data, length);
 }
 
 void AtomicFile::skip(uint64_t count) {

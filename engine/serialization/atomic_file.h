@@ -11,6 +11,11 @@
 // filesystem that refuses O_DIRECT (tmpfs) gets buffered writes, with one warning per
 // process. Either way the file's bytes are the same.
 //
+// append_stable() takes bytes the caller keeps unchanged until commit(): whole blocks of
+// them that lie at the file offset's alignment in memory (a record aligned to 4 KiB in the
+// file, from page-aligned memory) are written with O_DIRECT straight from the caller's
+// memory, with no copy; the rest is staged as append() does.
+//
 // skip() leaves a hole (reads back as zeros; whole blocks of it occupy no disk where the
 // filesystem supports sparse files); patch() rewrites bytes already appended (a CRC or a size
 // known only after the data). commit() writes what is staged, sets the size, fsyncs once,
@@ -50,6 +55,9 @@ class AtomicFile {
   AtomicFile& operator=(const AtomicFile&) = delete;
 
   void append(std::span<const uint8_t> bytes);
+  // As append(), for bytes that stay valid and unchanged until commit() returns or this
+  // AtomicFile is destroyed (see the header comment).
+  void append_stable(std::span<const uint8_t> bytes);
   // Advances the end by `count` bytes without writing them (a hole of zeros).
   void skip(uint64_t count);
   // Overwrites bytes at [offset, offset + bytes.size()), which must all have been appended.
@@ -65,6 +73,8 @@ class AtomicFile {
   // Whether whole blocks are still written with O_DIRECT (false in kBuffered mode, and once
   // the filesystem refused it).
   bool direct() const noexcept { return direct_fd_ >= 0; }
+  // Bytes append_stable() handed to the writer in place, without a copy.
+  uint64_t in_place_bytes() const noexcept { return in_place_bytes_; }
 
  private:
   struct WriteError {
@@ -83,8 +93,10 @@ class AtomicFile {
   uint64_t block() const noexcept { return direct() ? kBlock : 1; }
   // Waits for the background write, if any, and throws its error.
   void wait_write();
-  // Hands the staged whole blocks to the background writer; keeps the partial block staged.
-  void write_blocks();
+  // Hands the staged whole blocks to the background writer, then `extra_length` bytes of the
+  // caller's memory at `extra` (whole blocks, block-aligned, right after them in the file;
+  // only when nothing stays staged); keeps the partial block staged.
+  void write_blocks(const uint8_t* extra = nullptr, uint64_t extra_length = 0);
   // Writes everything staged, now, through the buffered descriptor for the partial block.
   void flush_all();
   void stage(const uint8_t* bytes, uint64_t length);  // nullptr: zeros
@@ -93,6 +105,7 @@ class AtomicFile {
 
   static constexpr uint64_t kBlock = 4096;
   static constexpr uint64_t kStageBytes = uint64_t{16} << 20;
+  static constexpr uint64_t kInPlaceMin = uint64_t{1} << 20;  // smaller runs are copied
 
   const std::string path_;
   std::string temp_path_;
@@ -104,6 +117,7 @@ class AtomicFile {
   int current_ = 0;             // stages_[current_] holds bytes for [buffer_offset_, offset_)
   uint64_t buffer_offset_ = 0;  // a multiple of block()
   uint64_t offset_ = 0;
+  uint64_t in_place_bytes_ = 0;
   std::future<Written> writing_;  // the other stage, being written; declared last: ends first
 };
 

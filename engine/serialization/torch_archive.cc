@@ -146,17 +146,22 @@ void TorchArchiveWriter::add_storage(std::string_view key, std::span<const uint8
   write(bytes);
 }
 
-void TorchArchiveWriter::begin_storage(std::string_view key, uint64_t size_bytes) {
+void TorchArchiveWriter::begin_storage(std::string_view key, uint64_t size_bytes,
+                                       uint64_t alignment) {
   if (!written_bytes_.try_emplace(std::string(key), size_bytes).second) {
     fail("storage '" + std::string(key) + "' written twice");
   }
-  zip_.begin_record(top_ + "/data/" + std::string(key), size_bytes);
+  zip_.begin_record(top_ + "/data/" + std::string(key), size_bytes, alignment);
 }
 
 void TorchArchiveWriter::write(std::span<const uint8_t> chunk) { zip_.write(chunk); }
 
 void TorchArchiveWriter::write(std::span<const uint8_t> chunk, uint32_t chunk_crc) {
   zip_.write(chunk, chunk_crc);
+}
+
+void TorchArchiveWriter::write_stable(std::span<const uint8_t> chunk, uint32_t chunk_crc) {
+  zip_.write_stable(chunk, chunk_crc);
 }
 
 void TorchArchiveWriter::finish() {

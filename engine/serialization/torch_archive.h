@@ -76,10 +76,13 @@ class TorchArchiveWriter {
   void write_pickle(const PickleValue& root);
   // Writes storage `key` whole, or streams it: begin_storage(key, size) then write() chunks.
   void add_storage(std::string_view key, std::span<const uint8_t> bytes);
-  void begin_storage(std::string_view key, uint64_t size_bytes);
+  // `alignment`: of the storage's data in the file (0: torch's 64; see ZipWriter).
+  void begin_storage(std::string_view key, uint64_t size_bytes, uint64_t alignment = 0);
   void write(std::span<const uint8_t> chunk);
   // write() with the chunk's CRC-32 computed by the caller (see ZipWriter::write).
   void write(std::span<const uint8_t> chunk, uint32_t chunk_crc);
+  // write(chunk, chunk_crc) for bytes kept unchanged until finish() (ZipWriter::write_stable).
+  void write_stable(std::span<const uint8_t> chunk, uint32_t chunk_crc);
   // Writes `version`, checks that every storage the pickle names was written with
   // numel * element size bytes, and renames the archive into place.
   void finish();

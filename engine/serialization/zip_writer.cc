@@ -82,9 +82,14 @@ void ZipWriter::check_usable() const {
   }
 }
 
-void ZipWriter::begin_record(std::string_view name, uint64_t size_bytes) {
+void ZipWriter::begin_record(std::string_view name, uint64_t size_bytes, uint64_t alignment) {
   check_usable();
   close_record();
+  if (alignment == 0) alignment = options_.alignment;
+  if (alignment > 4096 || (alignment & (alignment - 1)) != 0) {
+    fail("record alignment " + std::to_string(alignment) +
+         " is not a power of two of at most 4096");
+  }
   if (name.empty() || name.size() > kMax16) {
     fail("record name length " + std::to_string(name.size()) + " is not in 1..65535");
   }
@@ -116,8 +121,7 @@ void ZipWriter::begin_record(std::string_view name, uint64_t size_bytes) {
   }
   // The padding field's own 4-byte header is always written, as torch does.
   const uint64_t unpadded = file_.offset() + header.size() + 4;
-  const uint64_t padding =
-      (options_.alignment - unpadded % options_.alignment) % options_.alignment;
+  const uint64_t padding = (alignment - unpadded % alignment) % alignment;
   put16(header, kPaddingExtraId);
   put16(header, static_cast<uint16_t>(padding));
   header.insert(header.end(), static_cast<size_t>(padding), 'Z');
@@ -158,6 +162,14 @@ void ZipWriter::write(std::span<const uint8_t> chunk, uint32_t chunk_crc) {
   record.crc = static_cast<uint32_t>(
       ::crc32_combine(record.crc, chunk_crc, static_cast<z_off_t>(chunk.size())));
   file_.append(chunk);
+  record_written_ += chunk.size();
+}
+
+void ZipWriter::write_stable(std::span<const uint8_t> chunk, uint32_t chunk_crc) {
+  Record& record = open_record_for(chunk.size(), "write_stable()");
+  record.crc = static_cast<uint32_t>(
+      ::crc32_combine(record.crc, chunk_crc, static_cast<z_off_t>(chunk.size())));
+  file_.append_stable(chunk);
   record_written_ += chunk.size();
 }
 

@@ -57,13 +57,18 @@ class ZipWriter {
   ZipWriter& operator=(const ZipWriter&) = delete;
 
   // Starts a record of exactly `size_bytes` bytes. The previous record must be complete.
-  void begin_record(std::string_view name, uint64_t size_bytes);
+  // `alignment` (a power of two, at most 4096; 0: Options::alignment) places its data.
+  void begin_record(std::string_view name, uint64_t size_bytes, uint64_t alignment = 0);
   // Appends to the open record.
   void write(std::span<const uint8_t> chunk);
   // Appends to the open record, taking `chunk_crc` (crc32_update(0, chunk), see zip_reader.h)
   // as the chunk's CRC-32 instead of computing it. The caller must give the right value: the
   // writer does not check it, and a wrong one makes readers that verify CRCs refuse the record.
   void write(std::span<const uint8_t> chunk, uint32_t chunk_crc);
+  // write(chunk, chunk_crc) for bytes that stay valid and unchanged until finish() returns or
+  // the writer is destroyed: large runs are written from them in place (AtomicFile::
+  // append_stable), e.g. a 4096-aligned record from page-aligned memory.
+  void write_stable(std::span<const uint8_t> chunk, uint32_t chunk_crc);
   // Appends `count` zero bytes to the open record; large runs become a hole in the file.
   void write_zeros(uint64_t count);
   // begin_record(name, bytes.size()) + write(bytes).
