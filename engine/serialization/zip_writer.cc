@@ -158,18 +158,22 @@ void ZipWriter::write(std::span<const uint8_t> chunk) {
 }
 
 void ZipWriter::write(std::span<const uint8_t> chunk, uint32_t chunk_crc) {
-  Record& record = open_record_for(chunk.size(), "write()");
-  record.crc = static_cast<uint32_t>(
-      ::crc32_combine(record.crc, chunk_crc, static_cast<z_off_t>(chunk.size())));
-  file_.append(chunk);
-  record_written_ += chunk.size();
+  write_with_crc(chunk, chunk_crc, false);
 }
 
 void ZipWriter::write_stable(std::span<const uint8_t> chunk, uint32_t chunk_crc) {
-  Record& record = open_record_for(chunk.size(), "write_stable()");
+  write_with_crc(chunk, chunk_crc, true);
+}
+
+void ZipWriter::write_with_crc(std::span<const uint8_t> chunk, uint32_t chunk_crc, bool stable) {
+  Record& record = open_record_for(chunk.size(), stable ? "write_stable()" : "write()");
   record.crc = static_cast<uint32_t>(
       ::crc32_combine(record.crc, chunk_crc, static_cast<z_off_t>(chunk.size())));
-  file_.append_stable(chunk);
+  if (stable) {
+    file_.append_stable(chunk);
+  } else {
+    file_.append(chunk);
+  }
   record_written_ += chunk.size();
 }
 

@@ -93,6 +93,7 @@ class ZipWriter {
   void check_usable() const;
   // Checks that `count` more bytes fit in the open record; returns the record.
   Record& open_record_for(uint64_t count, const char* call);
+  void write_with_crc(std::span<const uint8_t> chunk, uint32_t chunk_crc, bool stable);
   void close_record();
   [[noreturn]] void fail(const std::string& what);
 
