@@ -319,16 +319,40 @@ struct PartitionView {
   std::vector<const zero::ZeroModel::Param*> trainable;
 };
 
+// A page-aligned float array that grows: what a sub-group read for a save lands in, so the
+// archive writes it in place (O_DIRECT from this memory, no copy).
+class AlignedFloats {
+ public:
+  float* resize(uint64_t numel) {
+    if (numel > capacity_) {
+      const uint64_t bytes = (numel * sizeof(float) + 4095) / 4096 * 4096;
+      data_.reset(static_cast<float*>(std::aligned_alloc(4096, static_cast<size_t>(bytes))));
+      if (data_ == nullptr) throw std::bad_alloc();
+      capacity_ = bytes / sizeof(float);
+    }
+    return data_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(float* p) const noexcept { std::free(p); }
+  };
+  std::unique_ptr<float, Free> data_;
+  uint64_t capacity_ = 0;
+};
+
 // Streams partition array `state` into the archive, sub-group by sub-group: unit u's storage
 // under keys[u]. The next sub-group is read (on another thread; the swapper sees one call at
 // a time) while this one is written, so the save runs at the slower of the two rates rather
 // than their sum. A sub-group the swapper holds in memory (its CPU arrays, or a buffer set
 // that still holds it after the last step) is written from there, not read: up to two
-// sub-group buffers are needed for the rest. Returns the bytes written.
+// sub-group buffers are needed for the rest. Storages start at 4 KiB in the file and every
+// sub-group's memory is page-aligned, so the writer writes them in place; a read buffer is
+// reused only after writer.sync(). Returns the bytes written.
 uint64_t stream_out(offload::OptimizerSwapper& sw, OptimizerState state,
                     const zero::PartitionLayout& layout, const std::vector<Unit>& units,
                     const std::vector<std::string>& keys, ser::TorchArchiveWriter& writer,
-                    std::vector<float> (&buffers)[2]) {
+                    AlignedFloats (&buffers)[2]) {
   const auto& groups = layout.sub_groups();
   // A sub-group's pieces, one per unit it overlaps, with their CRC-32 (the zip records need
   // it): taken on the reading thread, so the writing thread only copies.
@@ -338,18 +362,15 @@ uint64_t stream_out(offload::OptimizerSwapper& sw, OptimizerState state,
     uint32_t crc = 0;
   };
   const float* data[2] = {nullptr, nullptr};
-  bool in_memory[2] = {false, false};  // data[] is the swapper's: stable for the whole save
   std::vector<Piece> pieces[2];
   // A sub-group the swapper holds in memory is written from there; any other is read.
   auto read = [&](size_t g) {
     const float*& d = data[g % 2];
     d = static_cast<const float*>(sw.held(state, g));
-    in_memory[g % 2] = d != nullptr;
     if (d == nullptr) {
-      std::vector<float>& b = buffers[g % 2];
-      b.resize(groups[g].numel);
-      sw.read_sub_group(state, g, b.data());
-      d = b.data();
+      float* b = buffers[g % 2].resize(groups[g].numel);
+      sw.read_sub_group(state, g, b);
+      d = b;
     }
     std::vector<Piece>& list = pieces[g % 2];
     list.clear();
@@ -377,22 +398,18 @@ uint64_t stream_out(offload::OptimizerSwapper& sw, OptimizerState state,
   size_t u = 0;
   uint64_t done = 0;  // of unit u
   uint64_t bytes = 0;
+  writer.sync();  // no write reads the buffers any more (an earlier array's)
   if (!groups.empty()) read(0);
   for (size_t g = 0; g < groups.size(); ++g) {
     if (next.valid()) next.get();
+    writer.sync();  // sub-group g - 1's buffer is free for g + 1
     if (g + 1 < groups.size()) next = std::async(std::launch::async, read, g + 1);
     for (const Piece& piece : pieces[g % 2]) {
-      // Data at 4 KiB in the file, so a sub-group the swapper holds (page-aligned) is written
-      // from its buffer with O_DIRECT, no copy.
       if (done == 0) writer.begin_storage(keys[u], units[u].numel * sizeof(float), 4096);
-      const std::span<const uint8_t> chunk(
-          reinterpret_cast<const uint8_t*>(data[g % 2] + (piece.pos - groups[g].offset)),
-          static_cast<size_t>(piece.numel * sizeof(float)));
-      if (in_memory[g % 2]) {
-        writer.write_stable(chunk, piece.crc);
-      } else {
-        writer.write(chunk, piece.crc);
-      }
+      writer.write_stable(
+          {reinterpret_cast<const uint8_t*>(data[g % 2] + (piece.pos - groups[g].offset)),
+           static_cast<size_t>(piece.numel * sizeof(float))},
+          piece.crc);
       done += piece.numel;
       bytes += piece.numel * sizeof(float);
       if (done == units[u].numel) {
@@ -677,8 +694,10 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
     }
     return d;
   };
+  // Declared before every writer: a writer's destructor waits for its last write, which may
+  // still read these buffers when an error unwinds the save.
+  AlignedFloats buffers[2];
   auto stream_partition = [&](ser::TorchArchiveWriter& writer) {
-    std::vector<float> buffers[2];
     stream_out(sw, OptimizerState::kParams, layout, units, keys[0], writer, buffers);
     for (size_t a = 0; a < states.size(); ++a) {
       stream_out(sw, states[a].state, layout, units, keys[1 + a], writer, buffers);

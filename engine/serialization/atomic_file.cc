@@ -236,6 +236,11 @@ void AtomicFile::append_stable(std::span<const uint8_t> bytes) {
   stage(data, length);
 }
 
+void AtomicFile::sync() {
+  check_usable();
+  wait_write();
+}
+
 void AtomicFile::skip(uint64_t count) {
   check_usable();
   // Zeros up to a block boundary, whole blocks left as a hole, zeros for the rest: the

@@ -11,7 +11,7 @@
 // filesystem that refuses O_DIRECT (tmpfs) gets buffered writes, with one warning per
 // process. Either way the file's bytes are the same.
 //
-// append_stable() takes bytes the caller keeps unchanged until commit(): whole blocks of
+// append_stable() takes bytes the caller keeps unchanged until sync() or commit(): whole blocks of
 // them that lie at the file offset's alignment in memory (a record aligned to 4 KiB in the
 // file, from page-aligned memory) are written with O_DIRECT straight from the caller's
 // memory, with no copy; the rest is staged as append() does.
@@ -55,9 +55,12 @@ class AtomicFile {
   AtomicFile& operator=(const AtomicFile&) = delete;
 
   void append(std::span<const uint8_t> bytes);
-  // As append(), for bytes that stay valid and unchanged until commit() returns or this
-  // AtomicFile is destroyed (see the header comment).
+  // As append(), for bytes that stay valid and unchanged until sync() or commit() returns or
+  // this AtomicFile is destroyed (see the header comment).
   void append_stable(std::span<const uint8_t> bytes);
+  // Waits for the background write, if any (throws its error): after it returns, no write
+  // reads the memory of an earlier append_stable() any more.
+  void sync();
   // Advances the end by `count` bytes without writing them (a hole of zeros).
   void skip(uint64_t count);
   // Overwrites bytes at [offset, offset + bytes.size()), which must all have been appended.

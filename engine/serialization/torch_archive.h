@@ -81,8 +81,10 @@ class TorchArchiveWriter {
   void write(std::span<const uint8_t> chunk);
   // write() with the chunk's CRC-32 computed by the caller (see ZipWriter::write).
   void write(std::span<const uint8_t> chunk, uint32_t chunk_crc);
-  // write(chunk, chunk_crc) for bytes kept unchanged until finish() (ZipWriter::write_stable).
+  // write(chunk, chunk_crc) for bytes kept unchanged until sync() or finish()
+  // (ZipWriter::write_stable, ZipWriter::sync).
   void write_stable(std::span<const uint8_t> chunk, uint32_t chunk_crc);
+  void sync() { zip_.sync(); }
   // Writes `version`, checks that every storage the pickle names was written with
   // numel * element size bytes, and renames the archive into place.
   void finish();

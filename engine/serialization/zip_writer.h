@@ -65,10 +65,12 @@ class ZipWriter {
   // as the chunk's CRC-32 instead of computing it. The caller must give the right value: the
   // writer does not check it, and a wrong one makes readers that verify CRCs refuse the record.
   void write(std::span<const uint8_t> chunk, uint32_t chunk_crc);
-  // write(chunk, chunk_crc) for bytes that stay valid and unchanged until finish() returns or
-  // the writer is destroyed: large runs are written from them in place (AtomicFile::
-  // append_stable), e.g. a 4096-aligned record from page-aligned memory.
+  // write(chunk, chunk_crc) for bytes that stay valid and unchanged until sync() or finish()
+  // returns or the writer is destroyed: large runs are written from them in place
+  // (AtomicFile::append_stable), e.g. a 4096-aligned record from page-aligned memory.
   void write_stable(std::span<const uint8_t> chunk, uint32_t chunk_crc);
+  // After it returns, no write reads the memory given to write_stable() any more.
+  void sync() { file_.sync(); }
   // Appends `count` zero bytes to the open record; large runs become a hole in the file.
   void write_zeros(uint64_t count);
   // begin_record(name, bytes.size()) + write(bytes).
