@@ -127,7 +127,8 @@ class ParamCoordinator {
   void begin_pass(bool record = true);
   // The block's parameters are gathered and usable when this returns.
   void enter(size_t block);
-  // The block is done with its parameters for now.
+  // The block is done with its parameters for now. Replaying, this also issues the next
+  // block's fetch (see Next block above), so the fetcher may be busy when it returns.
   void leave(size_t block);
   // Ends the pass: non-persistent parameters are released (but those kept for the next
   // pass, with keep_across_passes, when the pass followed the recording); the trace is
