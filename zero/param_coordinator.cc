@@ -134,6 +134,7 @@ void ParamCoordinator::release_param(size_t p) {
   param.level = kNone;
   param.available = false;
   param.used = false;
+  param.kept = false;
   fetcher_.release(p);
 }
 
@@ -245,6 +246,7 @@ void ParamCoordinator::enter(size_t block) {
       param.available = true;
     }
     param.used = true;
+    param.kept = false;
     ++param.active;
   }
   waited += Clock::now() - wait_start;
@@ -330,9 +332,52 @@ void ParamCoordinator::leave(size_t block) {
         ++stats_.retained;
         continue;
       }
+      if (next == kNoUse && config_.keep_across_passes && reused_next_pass(p)) {
+        param.kept = true;
+        ++stats_.kept_for_next_pass;
+        continue;
+      }
     }
     release_param(p);
   }
+  if (replaying()) {
+    fetch_next_block(position_ + 1);
+  }
+}
+
+bool ParamCoordinator::reused_next_pass(size_t p) const {
+  const std::vector<size_t>& uses = params_[p].uses;
+  if (uses.empty()) {
+    return false;
+  }
+  // The elements used in the rest of this pass and before p's first use in the next one.
+  const uint64_t rest = elements_before_[trace_.size()] - elements_before_[position_ + 1];
+  return rest + elements_before_[uses.front()] <= config_.max_reuse_distance;
+}
+
+void ParamCoordinator::fetch_next_block(size_t position) {
+  if (config_.prefetch_bucket_size == 0 || position >= trace_.size()) {
+    return;
+  }
+  const size_t block = trace_[position];
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  uint64_t needed = 0;
+  for (size_t p : blocks_[block]) {
+    if (!params_[p].persistent && params_[p].level != kGathered) {
+      needed += params_[p].numel;
+    }
+  }
+  // The room entering the block would make, made now.
+  make_room(needed, block);
+  if (stats_.live_elements + needed <= config_.max_live_parameters) {
+    for (size_t p : blocks_[block]) {
+      if (params_[p].level != kGathered) {
+        gather_now(p, true);
+      }
+    }
+  }
+  stats_.block_wait_seconds += std::chrono::duration<double>(Clock::now() - start).count();
 }
 
 void ParamCoordinator::end_pass() {
@@ -364,7 +409,7 @@ void ParamCoordinator::end_pass() {
   }
   for (size_t p = 0; p < params_.size(); ++p) {
     params_[p].active = 0;
-    if (!params_[p].persistent) {
+    if (!params_[p].persistent && !(params_[p].kept && !diverged_)) {
       release_param(p);
     }
   }
@@ -392,6 +437,7 @@ void ParamCoordinator::reset() noexcept {
     }
     params_[p].active = 0;
     params_[p].used = false;
+    params_[p].kept = false;
   }
   stats_.live_elements = 0;
   stats_.persistent_elements = 0;

@@ -17,9 +17,18 @@
 //     needed. All-gathers are issued in trace order and never beyond
 //     stage3_max_live_parameters gathered elements; they depend only on the trace and the
 //     config, never on timing, so every rank issues the same collectives in the same order.
+//   - Next block. Leaving a block issues the next block's own fetch in the trace at once
+//     (making room as entering it would), so it runs while the caller finishes with the
+//     block it left (e.g. hands that block's gradients over) instead of when the next block
+//     is entered. Only with prefetching on (stage3_prefetch_bucket_size > 0).
 //   - Reuse. Leaving a block keeps a parameter gathered when its next use in the trace comes
 //     within stage3_max_reuse_distance elements (the elements of the parameters used in
 //     between) — e.g. the last block's parameters between its forward and its backward.
+//     With keep_across_passes, a parameter that the pass does not use again is kept for the
+//     next pass the same way, its next use counted in the recording's first positions:
+//     backward ends with the first block, the next micro-batch's forward starts with it, so
+//     that block is not fetched again. end_pass() then keeps what was kept so (unless the
+//     pass left the recording); release_all() releases it.
 //   - Persistence. Parameters marked persistent (at most
 //     stage3_param_persistence_threshold elements, or outside every block) are gathered at
 //     their first use and stay gathered; they are not counted in the live elements.
@@ -74,6 +83,9 @@ struct CoordinatorConfig {
   uint64_t prefetch_bucket_size = 50'000'000;    // stage3_prefetch_bucket_size (elements)
   uint64_t max_live_parameters = 1'000'000'000;  // stage3_max_live_parameters
   uint64_t max_reuse_distance = 1'000'000'000;   // stage3_max_reuse_distance
+  // Passes follow each other with unchanged parameters (the caller calls release_all()
+  // when they change): reuse reaches into the next pass (see Reuse above).
+  bool keep_across_passes = false;
 };
 
 struct CoordinatorStats {
@@ -83,14 +95,16 @@ struct CoordinatorStats {
   uint64_t prefetched = 0;           // gathers issued ahead of their block
   uint64_t on_demand = 0;            // gathers issued when their block was entered
   uint64_t retained = 0;             // releases skipped for reuse
+  uint64_t kept_for_next_pass = 0;   // releases skipped for reuse in the next pass
   uint64_t trace_changes = 0;        // passes that diverged from the recording
   uint64_t passes = 0;
   // Most elements gathered at once, persistent ones included: counted from the issue of a
   // gather (when the fetcher allocates its memory) to its release, prefetches included.
   uint64_t gathered_high_water = 0;
   // Time enter() spent making its block's own parameters usable — room made, on-demand
-  // fetches issued, gathers waited for: what prefetching did not hide (a prefetch miss).
-  // Issuing the prefetches for later blocks is not counted.
+  // fetches issued, gathers waited for: what prefetching did not hide (a prefetch miss) —
+  // and leave() spent issuing the next block's own fetch. Issuing the prefetches for later
+  // blocks is not counted.
   double block_wait_seconds = 0.0;
 };
 
@@ -113,10 +127,12 @@ class ParamCoordinator {
   void begin_pass(bool record = true);
   // The block's parameters are gathered and usable when this returns.
   void enter(size_t block);
-  // The block is done with its parameters for now.
+  // The block is done with its parameters for now. Replaying, this also issues the next
+  // block's fetch (see Next block above), so the fetcher may be busy when it returns.
   void leave(size_t block);
-  // Ends the pass: non-persistent parameters are released; the trace is recorded when it
-  // was the first pass or differed from the recording.
+  // Ends the pass: non-persistent parameters are released (but those kept for the next
+  // pass, with keep_across_passes, when the pass followed the recording); the trace is
+  // recorded when it was the first pass or differed from the recording.
   void end_pass();
 
   // Releases every gathered parameter, persistent ones included (e.g. after the optimizer
@@ -138,6 +154,7 @@ class ParamCoordinator {
     Level level = kNone;
     bool available = false;    // wait_gathered() done since the gather
     bool used = false;         // entered by a block since the gather (not just prefetched)
+    bool kept = false;         // kept gathered for the next pass (keep_across_passes)
     int active = 0;            // blocks entered and not left that use it
     std::vector<size_t> uses;  // trace positions that use it (recorded trace)
   };
@@ -148,6 +165,11 @@ class ParamCoordinator {
   // Distinct parameters of a block, in block order.
   const std::vector<size_t>& params_of(size_t block) const;
   void prefetch_from(size_t position);
+  // Issues the own fetch of the block at trace `position` (replaying, after a leave()).
+  void fetch_next_block(size_t position);
+  // Whether p, not used again in this pass, is used again within max_reuse_distance
+  // elements from the start of the next pass that replays the recording.
+  bool reused_next_pass(size_t p) const;
   // Makes room for `needed` live elements, never releasing the params of `block`.
   void make_room(uint64_t needed, size_t block);
   // Trace position of p's next use after `position`, or SIZE_MAX.

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <mutex>
+#include <vector>
 
 #include "zero/error.h"
 #include "zero/zero_model.h"
@@ -61,6 +62,7 @@ struct BlockFunction : public torch::autograd::Function<BlockFunction> {
 
     model.enter_block(block->id());
     torch::Tensor grad_x;
+    std::vector<torch::Tensor> param_grads;
     try {
       const std::vector<torch::Tensor>& params = model.block_tensors(block->id());
       variable_list grads;
@@ -97,18 +99,20 @@ struct BlockFunction : public torch::autograd::Function<BlockFunction> {
       if (x_needs_grad) {
         grad_x = grads[next++];
       }
-      std::vector<torch::Tensor> param_grads(params.size());
+      param_grads.resize(params.size());
       for (size_t k = 0; k < params.size(); ++k) {
         if (params[k].requires_grad()) {
           param_grads[k] = grads[next++];
         }
       }
-      model.block_grads(block->id(), param_grads);
     } catch (...) {
       model.leave_block(block->id());
       throw;
     }
+    // The gradients are computed: the parameters are not needed any more, and leaving first
+    // lets the next block's fetch run while the gradients are handed over.
     model.leave_block(block->id());
+    model.block_grads(block->id(), param_grads);
 
     return {grad_x, torch::Tensor(), torch::Tensor()};  // x, block address, trigger
   }

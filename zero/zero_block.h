@@ -10,8 +10,9 @@
 //             released unless kept for reuse); only the input is saved.
 //   backward  the block is entered again, the forward is recomputed with grad from the saved
 //             input (with the random-number state it first ran with), autograd gives the
-//             input's and the parameters' gradients, the parameter gradients go to the
-//             ZeroModel's reducer at once, and the block is left.
+//             input's and the parameters' gradients, the block is left (its parameters are
+//             needed no more, so the next block's fetch can start) and the parameter
+//             gradients go to the ZeroModel's reducer at once.
 // Parameter gradients therefore never reach `.grad` of a block's parameters; the input's
 // gradient flows on to the previous block as usual.
 //

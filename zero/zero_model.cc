@@ -299,6 +299,9 @@ void ZeroModel::partition(const Initializer& initializer) {
     cc.prefetch_bucket_size = config_.prefetch_bucket_size;
     cc.max_live_parameters = config_.max_live_parameters;
     cc.max_reuse_distance = config_.max_reuse_distance;
+    // Micro-batches follow each other with the same parameters until step() or
+    // refresh_from_master(), which release everything first.
+    cc.keep_across_passes = true;
     coordinator_ = std::make_unique<ParamCoordinator>(
         cc, std::move(numels_managed), std::move(block_params), std::move(persistent), *store_);
     store_->set_callbacks([this](size_t m, void* data) { bind(params_[managed_[m]], data); },

@@ -21,7 +21,10 @@
 // A training step: for each micro-batch begin_micro_batch(i); forward; loss.backward()
 // (scaled by the loss scale and 1 / gradient_accumulation_steps); end_micro_batch(i); then
 // step(). Block parameter gradients reach the reducer from the blocks' backward; those of
-// parameters used outside blocks from a tensor hook as autograd produces them.
+// parameters used outside blocks from a tensor hook as autograd produces them. At stage 3
+// the parameters a backward uses last may stay gathered into the next micro-batch, whose
+// forward starts with them (zero/param_coordinator.h, keep_across_passes); step() and
+// refresh_from_master() release them before the slices change.
 //
 // Thread safety: one driving thread calls everything and runs forward and backward.
 #pragma once

@@ -10,7 +10,9 @@
 //   build/bench/train/zinf_train_bench [--model small] [--steps 8] [--warmup 2] [--rounds 2]
 //                                      [--param-buffers N] [--sub-group-size N] [--profile]
 // --profile prints, per step of each mode, the engine's wall-clock breakdown (forward,
-// backward, step, time blocked per tier) and the NVMe bytes each tier read and wrote.
+// backward, step, time blocked per tier), the NVMe bytes each tier read and wrote, and how
+// many parameter gathers were issued on demand (a block entered without its parameters) and
+// ahead of their block.
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <stdlib.h>
@@ -155,8 +157,9 @@ int run_child(const Args& a) {
         fmt::print(
             stderr,
             "[{}] step {} {:.3f} s | param nvme read {} | optimizer nvme read {} "
-            "written {} | param wait {:.3f} s (block wait {:.3f} s) | param swap I/O "
-            "wait {:.3f} s | optimizer I/O wait {:.3f} s | process disk read {} written {}\n",
+            "written {} | param wait {:.3f} s (block wait {:.3f} s; params fetched on "
+            "demand {}, ahead {}) | param swap I/O wait {:.3f} s | optimizer I/O wait {:.3f} s "
+            "| process disk read {} written {}\n",
             a.child, s + 1, r.seconds,
             engine::format_bytes(st.param_swap.nvme_bytes_read - prev.param_swap.nvme_bytes_read),
             engine::format_bytes(st.optimizer_swap.nvme_bytes_read -
@@ -165,6 +168,8 @@ int run_child(const Args& a) {
                                  prev.optimizer_swap.nvme_bytes_written),
             st.params.wait_seconds - prev.params.wait_seconds,
             st.coordinator.block_wait_seconds - prev.coordinator.block_wait_seconds,
+            st.coordinator.on_demand - prev.coordinator.on_demand,
+            st.coordinator.prefetched - prev.coordinator.prefetched,
             st.param_swap.io_wait_seconds - prev.param_swap.io_wait_seconds,
             st.optimizer_swap.io_wait_seconds - prev.optimizer_swap.io_wait_seconds,
             engine::format_bytes(io.first - prev_io.first),

@@ -378,6 +378,128 @@ TEST(ParamCoordinator, LiveLimitHoldsAtEveryEventOnRandomModelsAndTraces) {
   }
 }
 
+// A live limit of one block: entering a block leaves no room to gather the next one ahead,
+// so its fetch is issued when the block before it is left (room made as entering it would),
+// not when it is entered. Only the first block of the replay is fetched on demand.
+TEST(ParamCoordinator, LeavingABlockIssuesTheNextBlocksFetch) {
+  Model m(4, 2, {100});
+  CoordinatorConfig config{100, 200, 0};  // live limit: one block; copies 2 x 100 ahead
+  FakeFetcher f(m.numels, m.persistent, config.max_live_parameters);
+  ParamCoordinator c(config, m.numels, m.blocks, m.persistent, f);
+  const std::vector<size_t> trace = m.forward_backward();
+  run_pass(c, f, m, trace);
+  const uint64_t on_demand = c.stats().on_demand;
+  c.begin_pass();
+  for (size_t k = 0; k < trace.size(); ++k) {
+    c.enter(trace[k]);
+    f.expect_usable(m.blocks[trace[k]]);
+    c.leave(trace[k]);
+    if (k + 1 < trace.size()) {
+      for (size_t p : m.blocks[trace[k + 1]]) {
+        EXPECT_EQ(f.level_[p], 3) << "param " << p << " of the next block not gathered after "
+                                  << "leaving position " << k;
+      }
+    }
+  }
+  c.end_pass();
+  EXPECT_EQ(c.stats().on_demand - on_demand, 2u) << "only block 0's two params on demand";
+  EXPECT_LE(f.high_water_, config.max_live_parameters);
+  EXPECT_EQ(f.live_, 0u);
+}
+
+// With keep_across_passes, the first block's params, used last by the backward, stay
+// gathered into the next pass (not fetched again) until release_all(); a pass that leaves
+// the recording keeps nothing.
+TEST(ParamCoordinator, KeepAcrossPassesKeepsTheFirstBlockForTheNextPass) {
+  Model m(3, 2, {100});
+  CoordinatorConfig config{100, 200, 0};
+  config.keep_across_passes = true;
+  FakeFetcher f(m.numels, m.persistent, config.max_live_parameters);
+  ParamCoordinator c(config, m.numels, m.blocks, m.persistent, f);
+  const std::vector<size_t> trace = m.forward_backward();  // 0 1 2 2 1 0
+  run_pass(c, f, m, trace);
+  EXPECT_EQ(f.live_, 0u) << "the recording pass keeps nothing";
+  run_pass(c, f, m, trace);
+  EXPECT_EQ(f.level_[0], 3);
+  EXPECT_EQ(f.level_[1], 3);
+  EXPECT_EQ(f.live_, 200u) << "only block 0 kept";
+  EXPECT_EQ(c.stats().kept_for_next_pass, 2u);
+  f.gathers_.clear();
+  run_pass(c, f, m, trace);
+  // Block 0 for its backward only (its forward found it kept), block 1 for both.
+  EXPECT_EQ(f.gathers_[0], 1) << "block 0 fetched again at the start of the next pass";
+  EXPECT_EQ(f.gathers_[1], 1);
+  EXPECT_EQ(f.gathers_[2], 2);
+  c.release_all();
+  EXPECT_EQ(f.live_, 0u);
+  EXPECT_EQ(f.level_[0], 0);
+  // The distance to the next pass counts the rest of this pass and the next pass up to the
+  // use. With room for every block: leaving block 1 in the backward, block 0 (200 elements)
+  // is left of this pass and block 0 again before block 1's use in the next pass: 400.
+  for (uint64_t distance : {399u, 400u}) {
+    CoordinatorConfig roomy{100, 600, distance, true};
+    FakeFetcher g(m.numels, m.persistent, roomy.max_live_parameters);
+    ParamCoordinator d(roomy, m.numels, m.blocks, m.persistent, g);
+    for (int pass = 0; pass < 3; ++pass) run_pass(d, g, m, trace);
+    EXPECT_EQ(g.level_[0], 3) << "block 0 comes back at distance 0";
+    EXPECT_EQ(g.level_[2], distance >= 400 ? 3 : 0) << "block 1, limit " << distance;
+    EXPECT_EQ(g.level_[4], 0) << "block 2 comes back at distance 800";
+  }
+  // A pass cut short left the recording: nothing is kept.
+  WarningLog quiet;
+  run_pass(c, f, m, trace);
+  run_pass(c, f, m, {0, 1, 1, 0});
+  EXPECT_EQ(f.live_, 0u);
+}
+
+// The random models and traces of the test above, with parameters kept across passes: the
+// live limit holds at every event, entered blocks are usable, release_all() empties.
+TEST(ParamCoordinator, LiveLimitHoldsWithParamsKeptAcrossPasses) {
+  WarningLog quiet;
+  const uint64_t seed = testing::test_seed();
+  ZINF_TRACE_SEED(seed);
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < 80; ++trial) {
+    RandomCase r = random_case(rng, /*ties=*/trial % 2 == 1);
+    r.config.keep_across_passes = true;
+    const Model& m = r.model;
+    FakeFetcher f(m.numels, m.persistent, r.config.max_live_parameters);
+    f.reads_left_ = r.reads_left;
+    ParamCoordinator c(r.config, m.numels, m.blocks, m.persistent, f);
+    std::vector<size_t> trace = m.forward_backward();
+    for (int pass = 0; pass < 6; ++pass) {
+      std::vector<size_t> next = trace;
+      switch (pass < 2 ? 0 : rng() % 4) {
+        case 0:
+          break;
+        case 1:
+          next[rng() % next.size()] = rng() % m.blocks.size();
+          break;
+        case 2:
+          next.resize(1 + rng() % next.size());
+          break;
+        case 3:
+          next.push_back(rng() % m.blocks.size());
+          break;
+      }
+      run_pass(c, f, m, next);
+      if (rng() % 3 == 0) {
+        c.release_all();  // an optimizer step
+        EXPECT_EQ(f.live_, 0u);
+      }
+      if (HasFailure()) {
+        FAIL() << "trial " << trial << " pass " << pass << " max_live "
+               << r.config.max_live_parameters << " bucket " << r.config.prefetch_bucket_size;
+      }
+      trace = next;
+    }
+    EXPECT_LE(c.stats().live_high_water, r.config.max_live_parameters);
+    c.release_all();
+    EXPECT_EQ(f.live_, 0u);
+    EXPECT_EQ(f.gathered_, 0u);
+  }
+}
+
 TEST(ParamCoordinator, GatheredHighWaterCountsPrefetchedAndPersistentParams) {
   Model m(4, 2, {10, 1000});
   m.persistent[0] = m.persistent[2] = true;

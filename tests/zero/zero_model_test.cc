@@ -357,6 +357,51 @@ TEST(ZeroModel, Stage3CountsTheBytesEachTierMoves) {
   EXPECT_EQ(s.coordinator.retained, 5u);
 }
 
+// A live limit of one block and a prefetch bucket smaller than a parameter (the bare `zinf
+// train` config's shape): entering a block leaves no room to gather the next one ahead.
+// Each block's fetch is issued when the block before it is left, and the first block's
+// params, used last by a micro-batch's backward, stay gathered for the next micro-batch's
+// forward. 4 blocks, 4 micro-batches a step: the recording pass fetches 8 blocks, a pass
+// after a step 7 (the last block is kept from its forward to its backward), a pass after a
+// pass 6 — each block fetch one host->device copy of its params; on demand are only the
+// recording pass and the first block after a step. The losses are those of a run that
+// gathers every block at once, bit for bit.
+TEST(ZeroModel, Stage3FetchesTheNextBlockAtLeaveAndKeepsTheFirstForTheNextMicroBatch) {
+  const NetShape shape;
+  const uint64_t block_elements = 2 * 13 * 26 + 26 + 13 + 13;
+  const uint64_t block_bytes = block_elements * 4;
+  TrainOptions o;
+  o.steps = 2;
+  o.micro_batches = 4;
+  std::vector<std::vector<double>> losses;
+  for (bool tight : {true, false}) {
+    SCOPED_TRACE(tight ? "one block live" : "everything live");
+    ZeroConfig config;
+    config.stage = 3;
+    config.offload_param = OffloadTarget::kCpu;
+    config.offload_optimizer = OffloadTarget::kCpu;
+    config.gradient_accumulation_steps = o.micro_batches;
+    if (tight) {
+      config.param_persistence_threshold = 0;
+      config.prefetch_bucket_size = 100;
+      config.max_live_parameters = block_elements;
+    }
+    OneRank one(shape, 5, config);
+    losses.push_back(train_zero(one.net, one.model, shape, o, 5));
+    if (!tight) continue;
+    const ZeroModelStats s = one.model.stats();
+    const uint64_t fetches = (8 + 7 + 6 + 6) + (7 + 6 + 6 + 6);
+    EXPECT_EQ(s.params.h2d_bytes, fetches * block_bytes);
+    EXPECT_EQ(s.coordinator.on_demand, (8u + 1 + 1) * 5);  // 5 params per block
+    EXPECT_EQ(s.coordinator.prefetched, (fetches - 8 - 2) * 5);
+    // Each block's last use in a replayed pass keeps it for the next pass (the reuse
+    // distance allows it); the next block's room takes it back but for block 0.
+    EXPECT_EQ(s.coordinator.kept_for_next_pass, 7u * 4 * 5);
+    EXPECT_EQ(s.coordinator.live_high_water, block_elements);
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+}
+
 // A param pool that holds every slice: each slice is read from NVMe once (the first
 // forward); the backward, the later micro-batches and steps find it in the pool, kept in
 // step with the stored values by the write-backs. The run matches the one with the small
