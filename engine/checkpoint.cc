@@ -582,7 +582,7 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
   const std::vector<const zero::ZeroModel::Param*>& trainable = view.trainable;
   // The last step's final writes may still be in flight (write-behind): a failure in them
   // fails this save before anything is written, rather than a later step.
-  sw.flush();
+  model_->flush_io();
 
   if (rank == 0) {
     std::error_code ec;

@@ -252,8 +252,45 @@ ParamView ParamSwapper::swap_in(ParamId id) {
   return view;
 }
 
+void ParamSwapper::wait_batch() {
+  if (batch_ == nullptr) {
+    return;
+  }
+  QueuePtr queue = std::move(batch_);
+  std::vector<ParamId> ids;
+  ids.swap(batch_ids_);
+  try {
+    ScopedTime time(counters_, Counters::Clock::kIoWait);
+    queue->wait();
+  } catch (...) {
+    // Which chunks took new values is unknown: every partition of the batch is torn, its
+    // view dropped. The queue saw an error: closed, not reused.
+    for (ParamId id : ids) {
+      Partition& p = get(id);
+      p.in_batch = false;
+      p.torn = true;
+      drop_buffers(p);
+    }
+    throw;
+  }
+  for (ParamId id : ids) {
+    get(id).in_batch = false;
+  }
+  return_queue(std::move(queue));
+}
+
+void ParamSwapper::end_write_batch() {
+  batching_ = false;
+  wait_batch();
+}
+
+void ParamSwapper::close_write_batch() noexcept { batching_ = false; }
+
 void ParamSwapper::release(ParamId id) {
   Partition& p = get(id);
+  if (p.in_batch) {
+    wait_batch();
+  }
   try {
     wait_reads(p);  // the kernel may still be writing into the buffers
   } catch (const OffloadError&) {
@@ -267,6 +304,7 @@ void ParamSwapper::release_cached(ParamId id) {
   if (p.cpu != nullptr || p.buffers.empty() || p.cached_at != 0) {
     return;
   }
+
   try {
     wait_reads(p);
   } catch (const OffloadError&) {
@@ -275,6 +313,8 @@ void ParamSwapper::release_cached(ParamId id) {
   p.cached_at = ++cache_clock_;
 }
 
+// Never called for a partition in the write batch: release(), read() and write_back_range()
+// wait for the batch first, and evict_for() passes over its partitions.
 void ParamSwapper::drop_buffers(Partition& p) noexcept {
   p.buffers.clear();
   p.cached_at = 0;
@@ -294,11 +334,16 @@ void ParamSwapper::evict_for(size_t count) {
   while (leased + count > pool_->buffer_count()) {
     Partition* oldest = nullptr;
     for (Partition& p : partitions_) {
-      if (p.cached_at != 0 && (oldest == nullptr || p.cached_at < oldest->cached_at)) {
+      if (p.cached_at != 0 && !p.in_batch &&
+          (oldest == nullptr || p.cached_at < oldest->cached_at)) {
         oldest = &p;
       }
     }
     if (oldest == nullptr) {
+      if (batch_ != nullptr) {
+        wait_batch();  // the cached partitions left are being written: after that they go
+        continue;
+      }
       return;
     }
     leased -= oldest->buffers.size();
@@ -332,6 +377,39 @@ void ParamSwapper::write_back_range(ParamId id, uint64_t offset, const void* dat
     // swap_in reads the stored values (reporting the error again if it persists).
   }
   const uint64_t end = offset + numel;
+  if (batching_ && !p.buffers.empty() && !p.in_batch) {
+    // Whole chunks only: a partial chunk's write reads the rest of it first.
+    bool whole_chunks = true;
+    for (size_t c = 0; c < p.chunks.size() && whole_chunks; ++c) {
+      const uint64_t chunk_begin = c * config_.buffer_size;
+      const uint64_t chunk_end = chunk_begin + chunk_numel(p, c);
+      const bool touched = offset < chunk_end && end > chunk_begin;
+      whole_chunks = !touched || (offset <= chunk_begin && end >= chunk_end);
+    }
+    if (whole_chunks) {
+      if (batch_ == nullptr) {
+        batch_ = take_queue();
+      }
+      p.in_batch = true;
+      batch_ids_.push_back(id);
+      for (size_t c = 0; c < p.chunks.size(); ++c) {
+        const uint64_t chunk_begin = c * config_.buffer_size;
+        if (offset > chunk_begin || end < chunk_begin + chunk_numel(p, c)) {
+          continue;
+        }
+        std::memcpy(p.buffers[c].data(), src + (chunk_begin - offset) * eb, chunk_numel(p, c) * eb);
+        batch_->async_write(p.chunks[c], p.buffers[c].data());
+      }
+      if (offset == 0 && numel == p.numel) {
+        p.torn = false;  // every value is being written anew (torn again if that fails)
+      }
+      counters_.add_nvme_written(numel * eb);
+      return;
+    }
+  }
+  if (p.in_batch || batch_ != nullptr) {
+    wait_batch();  // the view and the store are updated below: the batch's writes first
+  }
   size_t chunks_written = 0;
   try {
     for (size_t c = 0; c < p.chunks.size(); ++c) {
@@ -382,6 +460,9 @@ void ParamSwapper::read(ParamId id, void* dst) {
     std::memcpy(out, p.cpu->data(), p.numel * eb);
     counters_.add_cpu_read(p.numel * eb);
     return;
+  }
+  if (p.in_batch) {
+    wait_batch();
   }
   check_not_torn(id, p);
   // No need to wait for reads in flight into the pool buffers: both only read the extents.

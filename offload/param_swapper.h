@@ -126,6 +126,24 @@ class ParamSwapper {
   void write_back(ParamId id, const void* data);
   void write_back_range(ParamId id, uint64_t offset, const void* data, uint64_t numel);
 
+  // A write batch: between begin_write_batch() and close_write_batch() / end_write_batch(), a
+  // write_back of whole chunks of a resident (or cached) partition refreshes its view and
+  // queues the chunks' writes from the view without waiting, so the writes of many
+  // partitions are in flight together, and may run on after the batch is closed (an
+  // optimizer step hands every partition over, closes the batch, and the writes run behind
+  // the next forward, which reads the refreshed views). Other write_backs, and a second
+  // write_back of a partition in the batch, first wait for the batch. Its writes are waited
+  // for by end_write_batch(), a read() or release() of one of its partitions, a swap_in
+  // that needs their buffers, or the destructor; a cached partition of the batch is not
+  // evicted before. On failure every partition of the batch is torn (see above: its view
+  // dropped, swap_in refuses it until a whole write_back) and the error (naming the file and
+  // offset) is thrown by the call that waited.
+  void begin_write_batch() noexcept { batching_ = true; }
+  // Stops adding to the batch; its writes stay in flight.
+  void close_write_batch() noexcept;
+  // Stops adding to the batch and waits for its writes.
+  void end_write_batch();
+
   // Copies the partition's current values into `dst` (any size; no pool buffers used).
   void read(ParamId id, void* dst);
 
@@ -155,6 +173,7 @@ class ParamSwapper {
     // Non-zero while `buffers` are a cache kept by release_cached(): the order it was
     // cached in (the smallest goes first when buffers are needed).
     uint64_t cached_at = 0;
+    bool in_batch = false;  // its view is being written by the write batch
   };
 
   Partition& get(ParamId id);
@@ -169,6 +188,9 @@ class ParamSwapper {
   void queue_reads(Partition& p);
   // Waits for `p`'s reads (and nothing else). On failure drops its buffers and throws.
   void wait_reads(Partition& p);
+  // Waits for the write batch's transfers; on failure tears and drops each partition of it
+  // and throws. The batch stays open (batching_ unchanged).
+  void wait_batch();
   // Drops the partition's buffers (and its cache mark).
   void drop_buffers(Partition& p) noexcept;
   // A cached partition taken back into use: its buffers stay, nothing is read.
@@ -186,6 +208,10 @@ class ParamSwapper {
   bool register_pool_ = true;          // false once a queue's handle refused the pool
   std::vector<QueuePtr> idle_queues_;  // drained queues, reused by later reads and adds
   std::vector<Partition> partitions_;  // after idle_queues_: their in-flight queues drain first
+  // The write batch (after partitions_: it drains before their buffers go back).
+  bool batching_ = false;
+  QueuePtr batch_;
+  std::vector<ParamId> batch_ids_;  // partitions with writes in batch_
   uint64_t cpu_elements_ = 0;
   uint64_t cache_clock_ = 0;  // last Partition::cached_at given
   Counters counters_;

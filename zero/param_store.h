@@ -97,6 +97,19 @@ class ParamStore final : public ParamFetcher {
   // the stored values are the written ones. Call at the end of a step; fetches and
   // read_slice() do it for their param first.
   void flush_writes();
+  // Tier nvme: the write_slice() calls between begin and close go out as one write batch
+  // (ParamSwapper::begin_write_batch): the slices' writes are in flight together and run on
+  // after close_write_batch(); end_write_batch() waits for them (throwing a failure, the
+  // slices of the batch torn). Other tiers: nothing.
+  void begin_write_batch() noexcept {
+    if (swapper_ != nullptr) swapper_->begin_write_batch();
+  }
+  void close_write_batch() noexcept {
+    if (swapper_ != nullptr) swapper_->close_write_batch();
+  }
+  void end_write_batch() {
+    if (swapper_ != nullptr) swapper_->end_write_batch();
+  }
   // Copies the slice (slice_numel elements) to host memory `dst`.
   void read_slice(size_t m, void* dst);
 

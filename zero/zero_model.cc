@@ -453,6 +453,12 @@ OptimizerStepOutcome ZeroModel::step(int64_t step, double loss_scale) {
     coordinator_->release_all();  // the slices are about to change
   }
   OptimizerStepOutcome outcome;
+  // The slices' write-backs go out together (one write batch) and run on behind the next
+  // forward; the previous step's batch is waited for first (its failure fails this step).
+  if (store_) {
+    store_->end_write_batch();
+    store_->begin_write_batch();
+  }
   try {
     outcome = optimizer_->step(step, loss_scale,
                                [this](uint64_t offset, const void* data, uint64_t numel) {
@@ -466,16 +472,29 @@ OptimizerStepOutcome ZeroModel::step(int64_t step, double loss_scale) {
       } catch (...) {
         // The step's own error is the one to report.
       }
+      try {
+        store_->end_write_batch();
+      } catch (...) {
+        // Likewise.
+      }
     }
     throw;
   }
   if (store_) {
     store_->flush_writes();  // slices the step handed over in part (none in a full step)
+    store_->close_write_batch();
   }
   if (!outcome.skipped) {
     gather_resident();
   }
   return outcome;
+}
+
+void ZeroModel::flush_io() {
+  if (store_) {
+    store_->end_write_batch();
+  }
+  optimizer_->swapper().flush();
 }
 
 void ZeroModel::write_updated(uint64_t offset, const void* data, uint64_t numel) {

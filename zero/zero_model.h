@@ -128,6 +128,10 @@ class ZeroModel {
   // The optimizer step after the last micro-batch; `step` counts applied steps from 1.
   // The gradients are divided by `loss_scale` inside the update.
   [[nodiscard]] OptimizerStepOutcome step(int64_t step, double loss_scale);
+  // Waits for the writes the last step left in flight (the params' write batch and the
+  // optimizer swapper's last sub-group) and throws their error, if any: a checkpoint save
+  // calls it first.
+  void flush_io();
 
   // A forward without backward (evaluation): blocks are fetched on demand, the recorded
   // trace is left alone.

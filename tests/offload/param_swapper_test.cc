@@ -209,6 +209,52 @@ TEST(ParamSwapper, PrefetchReleaseAndWriteBack) {
 // release_cached(): the buffers keep the values, so fetching the partition again reads
 // nothing from NVMe; a write-back keeps the cache in step; another partition that needs the
 // buffers takes them (least recently cached first), and the next swap-in reads again.
+// A write batch: the write_backs of resident and cached partitions refresh their views at
+// once and are stored by the time end_write_batch() returns; a partial write_back (or a
+// second one of a partition in the batch) waits for the batch first; a swap_in that needs
+// buffers evicts no partition of the batch before its writes end.
+TEST(ParamSwapper, WriteBatchRefreshesViewsAndStoresOnEnd) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  NvmeOnlyRig rig;
+  ParamSwapper& swapper = rig.swapper;
+  std::vector<std::vector<uint16_t>> values;  // 1 + 1 + 2 buffers of a pool of 4
+  const std::vector<ParamId> ids = add_random(swapper, rng, {700, 900, 1500}, values);
+  for (ParamId id : ids) {
+    (void)swapper.swap_in(id);
+  }
+  swapper.release_cached(ids[0]);  // cached; ids[1] and ids[2] stay in use
+  std::vector<std::vector<uint16_t>> updated;
+  for (size_t i = 0; i < ids.size(); ++i) updated.push_back(random_half(rng, values[i].size()));
+  swapper.begin_write_batch();
+  for (size_t i = 0; i < ids.size(); ++i) swapper.write_back(ids[i], updated[i].data());
+  swapper.write_back(ids[1], updated[1].data());  // again: waits for the batch, then again
+  swapper.close_write_batch();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(gather(swapper.swap_in(ids[i])), updated[i]) << "view of " << i;
+  }
+  swapper.release(ids[1]);
+  swapper.release(ids[2]);
+  swapper.release_cached(ids[0]);
+  swapper.end_write_batch();
+  std::vector<uint16_t> stored(1500);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    stored.resize(values[i].size());
+    swapper.read(ids[i], stored.data());
+    EXPECT_EQ(stored, updated[i]) << "stored " << i;
+  }
+  // A partial write-back in a batch takes the plain path.
+  swapper.begin_write_batch();
+  const std::vector<uint16_t> patch = random_half(rng, 100);
+  swapper.write_back_range(ids[0], 50, patch.data(), patch.size());
+  swapper.end_write_batch();
+  std::copy(patch.begin(), patch.end(), updated[0].begin() + 50);
+  stored.resize(700);
+  swapper.read(ids[0], stored.data());
+  EXPECT_EQ(stored, updated[0]);
+}
+
 TEST(ParamSwapper, ReleaseCachedServesTheNextSwapInWithoutAReadUntilEvicted) {
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
@@ -421,6 +467,53 @@ TEST_P(ParamSwapperFaults, FailedWriteBackLeavesTheStoredPartitionUnreadableNotS
   EXPECT_FALSE(swapper.resident(id));      // no buffers holding bytes nobody read
   swapper.write_back(id, updated.data());  // the fault fired once: the retry stores it
   EXPECT_EQ(gather(swapper.swap_in(id)), updated);
+}
+
+// A write of a batch that fails is reported by the call that waits for the batch, naming the
+// swap file; every partition of the batch is then torn (swap_in refuses it, never serving
+// stale or mixed values) until a whole write_back stores it again.
+TEST_P(ParamSwapperFaults, FailedWriteInABatchTearsItsPartitions) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  std::mt19937 rng(seed);
+  FaultRig rig(GetParam());
+  rig.start();
+  ParamSwapper& swapper = *rig.swapper;
+  aio::FaultInjector* faults = rig.faults.get();
+  const std::vector<uint16_t> a = random_half(rng, 900);
+  const std::vector<uint16_t> b = random_half(rng, 800);
+  const ParamId ia = swapper.add(a.size(), a.data());
+  const ParamId ib = swapper.add(b.size(), b.data());
+  (void)swapper.swap_in(ia);
+  (void)swapper.swap_in(ib);
+  swapper.release_cached(ia);
+  swapper.release_cached(ib);
+  faults->add(aio::FaultRule{.op = aio::Op::kWrite, .kind = aio::FaultKind::kError, .error = EIO});
+  const std::vector<uint16_t> a2 = random_half(rng, 900);
+  const std::vector<uint16_t> b2 = random_half(rng, 800);
+  swapper.begin_write_batch();
+  swapper.write_back(ia, a2.data());
+  swapper.write_back(ib, b2.data());
+  swapper.close_write_batch();
+  try {
+    swapper.end_write_batch();
+    FAIL() << "a failed write of the batch was not reported";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo) << e.what();
+    EXPECT_NE(std::string(e.what()).find(rig.store->path()), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(faults->fired(0), 1u);
+  for (ParamId id : {ia, ib}) {
+    EXPECT_FALSE(swapper.resident(id));
+    try {
+      (void)swapper.swap_in(id);
+      ADD_FAILURE() << "partition " << id << " of the failed batch was swapped in";
+    } catch (const OffloadError& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kCorrupt) << e.what();
+    }
+  }
+  swapper.write_back(ia, a2.data());  // the fault fired once: stored whole again
+  EXPECT_EQ(gather(swapper.swap_in(ia)), a2);
 }
 
 // A swap_in after a failed write-back returns the complete old or the complete new values,

@@ -462,6 +462,10 @@ TEST(ZeroModel, Stage3WritesEachParamOnceAStepWithoutReadingAcrossSubGroups) {
     TrainOptions o;
     o.steps = 3;
     losses.push_back(train_zero(one.net, one.model, shape, o, 4));
+    const offload::NvmeStoreStats before_flush = one.model.stats().param_nvme;
+    EXPECT_EQ(before_flush.writes - initial.writes, 2 * params)
+        << "the last step's writes run on behind it, counted once they end";
+    one.model.flush_io();
     const offload::NvmeStoreStats s = one.model.stats().param_nvme;
     EXPECT_EQ(s.reads, params) << "the first forward's reads only";
     EXPECT_EQ(s.bytes_read, initial.bytes_written) << "each slice read once";
