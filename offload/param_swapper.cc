@@ -304,7 +304,6 @@ void ParamSwapper::release_cached(ParamId id) {
   if (p.cpu != nullptr || p.buffers.empty() || p.cached_at != 0) {
     return;
   }
-
   try {
     wait_reads(p);
   } catch (const OffloadError&) {
@@ -392,13 +391,27 @@ void ParamSwapper::write_back_range(ParamId id, uint64_t offset, const void* dat
       }
       p.in_batch = true;
       batch_ids_.push_back(id);
-      for (size_t c = 0; c < p.chunks.size(); ++c) {
-        const uint64_t chunk_begin = c * config_.buffer_size;
-        if (offset > chunk_begin || end < chunk_begin + chunk_numel(p, c)) {
-          continue;
+      try {
+        for (size_t c = 0; c < p.chunks.size(); ++c) {
+          const uint64_t chunk_begin = c * config_.buffer_size;
+          if (offset > chunk_begin || end < chunk_begin + chunk_numel(p, c)) {
+            continue;
+          }
+          std::memcpy(p.buffers[c].data(), src + (chunk_begin - offset) * eb,
+                      chunk_numel(p, c) * eb);
+          batch_->async_write(p.chunks[c], p.buffers[c].data());  // may throw kSpace
         }
-        std::memcpy(p.buffers[c].data(), src + (chunk_begin - offset) * eb, chunk_numel(p, c) * eb);
-        batch_->async_write(p.chunks[c], p.buffers[c].data());
+      } catch (...) {
+        // The view took new values a chunk further than the writes queued: let the queued
+        // ones end, then drop the view and refuse the partition until a whole write_back.
+        try {
+          wait_batch();
+        } catch (...) {
+          // This call's error is the one to report.
+        }
+        p.torn = true;
+        drop_buffers(p);
+        throw;
       }
       if (offset == 0 && numel == p.numel) {
         p.torn = false;  // every value is being written anew (torn again if that fails)
