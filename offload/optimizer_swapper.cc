@@ -342,22 +342,13 @@ void OptimizerSwapper::write_sub_group(OptimizerState state, size_t sub_group, c
 }
 
 void OptimizerSwapper::read_sub_group(OptimizerState state, size_t sub_group, void* data) {
-  const auto [offset, numel] = sub_group_range(sub_group);
-  const size_t k = kind_index(state);
-  const size_t bytes = element_bytes(state);
-  if (store_ == nullptr) {
-    std::memcpy(data, memory_[k].data() + offset * bytes, numel * bytes);
-    counters_.add_cpu_read(numel * bytes);
+  const uint64_t bytes = sub_group_range(sub_group).second * element_bytes(state);
+  if (const void* in_memory = held(state, sub_group)) {  // counted as a CPU read there
+    std::memcpy(data, in_memory, bytes);
     return;
   }
-  flush();
-  if (BufferSet* set = holder(sub_group); set != nullptr && set->valid[k] != 0) {
-    std::memcpy(data, set->states[k].data(), numel * bytes);
-    counters_.add_cpu_read(numel * bytes);
-    return;
-  }
-  store_->read(sub_groups_[sub_group].extents[k], data);
-  counters_.add_nvme_read(numel * bytes);
+  store_->read(sub_groups_[sub_group].extents[kind_index(state)], data);
+  counters_.add_nvme_read(bytes);
 }
 
 const void* OptimizerSwapper::held(OptimizerState state, size_t sub_group) {

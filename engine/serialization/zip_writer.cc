@@ -62,8 +62,12 @@ uint32_t crc32_of_zeros(uint64_t count) {
 
 ZipWriter::ZipWriter(std::string path, Options options)
     : options_(options), file_(std::move(path)) {
-  if (!std::has_single_bit(options_.alignment) || options_.alignment > 4096) {
-    fail("zip alignment " + std::to_string(options_.alignment) +
+  check_alignment("zip", options_.alignment);
+}
+
+void ZipWriter::check_alignment(const char* what, uint64_t alignment) {
+  if (!std::has_single_bit(alignment) || alignment > 4096) {
+    fail(std::string(what) + " alignment " + std::to_string(alignment) +
          " is not a power of two of at most 4096");
   }
 }
@@ -86,10 +90,7 @@ void ZipWriter::begin_record(std::string_view name, uint64_t size_bytes, uint64_
   check_usable();
   close_record();
   if (alignment == 0) alignment = options_.alignment;
-  if (alignment > 4096 || (alignment & (alignment - 1)) != 0) {
-    fail("record alignment " + std::to_string(alignment) +
-         " is not a power of two of at most 4096");
-  }
+  check_alignment("record", alignment);
   if (name.empty() || name.size() > kMax16) {
     fail("record name length " + std::to_string(name.size()) + " is not in 1..65535");
   }

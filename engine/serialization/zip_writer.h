@@ -96,6 +96,8 @@ class ZipWriter {
   // Checks that `count` more bytes fit in the open record; returns the record.
   Record& open_record_for(uint64_t count, const char* call);
   void write_with_crc(std::span<const uint8_t> chunk, uint32_t chunk_crc, bool stable);
+  // Fails unless `alignment` is a power of two of at most 4096; `what` names it.
+  void check_alignment(const char* what, uint64_t alignment);
   void close_record();
   [[noreturn]] void fail(const std::string& what);
 
