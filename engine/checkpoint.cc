@@ -10,16 +10,20 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <future>
 #include <mutex>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "engine/engine.h"
 #include "engine/serialization/atomic_file.h"
@@ -39,15 +43,15 @@ using Clock = std::chrono::steady_clock;
 
 // ---- the kill seam ---------------------------------------------------------------------------
 
-int64_t g_crash_points = 0;
+std::atomic<int64_t> g_crash_points{0};
 
 void crash_point() {
   static const long kill_at = [] {
     const char* v = std::getenv(kCheckpointKillAtVariable);
     return v != nullptr ? std::strtol(v, nullptr, 10) : 0L;
   }();
-  ++g_crash_points;
-  if (kill_at > 0 && g_crash_points == kill_at) {
+  const int64_t passed = ++g_crash_points;
+  if (kill_at > 0 && passed == kill_at) {
     std::raise(SIGKILL);
   }
 }
@@ -109,6 +113,17 @@ void publish(const fs::path& root, const fs::path& staging, const fs::path& targ
   }
   fsync_dir(root);
   crash_point();
+}
+
+// Rank 0: an empty `staging` folder under `root` (what an interrupted save left is removed).
+void make_staging(const fs::path& root, const fs::path& staging) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  fs::remove_all(staging, ec);
+  if (!fs::create_directories(staging, ec)) {
+    throw EngineError(fmt::format("checkpoint: cannot create {}: {}", staging.string(),
+                                  ec ? ec.message() : "it exists"));
+  }
 }
 
 void check_tag(const std::string& tag) {
@@ -448,6 +463,221 @@ void stream_in(offload::OptimizerSwapper& sw, OptimizerState state,
   }
 }
 
+// The storage keys the optimizer file's pickle gives the partition's tensors: FileBuilder
+// numbers storages in the order optimizer_dict() asks for them — the params of every unit,
+// then unit by unit its states. A step that writes the records before the pickle exists
+// (Engine::prepare_checkpoint) names them with these; the save checks that they agree.
+std::vector<std::vector<std::string>> partition_keys(size_t units, size_t states) {
+  std::vector<std::vector<std::string>> keys(1 + states, std::vector<std::string>(units));
+  for (size_t u = 0; u < units; ++u) {
+    keys[0][u] = std::to_string(u);
+    for (size_t a = 0; a < states; ++a) keys[1 + a][u] = std::to_string(units + u * states + a);
+  }
+  return keys;
+}
+
+}  // namespace
+
+// ---- a save prepared before the step it follows -----------------------------------------------
+
+// The optimizer file of a save that the step before it writes (Engine::prepare_checkpoint):
+// the swapper shows it each sub-group's updated arrays (StepObserver); a thread of its own
+// takes their CRC-32 and writes them as the sub-group's records (params, then the states),
+// straight from the swapper's buffers (AtomicFile writes 4 KiB-aligned records in place),
+// and tells the swapper when a sub-group's buffers are free again. The save then adds the
+// pickle and finishes the file. An error stops the writing and is kept for the save, which
+// then streams instead.
+struct Engine::PreparedSave final : offload::StepObserver {
+  PreparedSave(fs::path root_in, std::string tag_in, fs::path staging_in, const std::string& name,
+               std::vector<StateName> states_in, size_t units)
+      : root(std::move(root_in)),
+        tag(std::move(tag_in)),
+        staging(std::move(staging_in)),
+        file((staging / name).string()),
+        states(std::move(states_in)),
+        keys(partition_keys(units, states.size())),
+        writer(std::make_unique<ser::TorchArchiveWriter>(file)),
+        thread([this] { run(); }) {}
+
+  ~PreparedSave() override {
+    stop();
+    writer.reset();                    // removes its temporary file unless finished
+    if (owns_staging && !published) {  // rank 0, and no save took it: leave no folder behind
+      std::error_code ec;
+      fs::remove_all(staging, ec);
+    }
+  }
+
+  void updated(size_t sub_group, uint64_t numel, const OptimizerState* kinds,
+               const void* const* arrays, size_t count) noexcept override {
+    Job job{sub_group, numel, std::vector<const float*>(1 + states.size(), nullptr)};
+    for (size_t k = 0; k < count; ++k) {
+      if (kinds[k] == OptimizerState::kParams) job.arrays[0] = static_cast<const float*>(arrays[k]);
+      for (size_t a = 0; a < states.size(); ++a) {
+        if (kinds[k] == states[a].state) job.arrays[1 + a] = static_cast<const float*>(arrays[k]);
+      }
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    jobs.push_back(std::move(job));
+    changed.notify_all();
+  }
+
+  void release(size_t sub_group) noexcept override {
+    std::unique_lock<std::mutex> lock(mutex);
+    changed.wait(lock, [&] { return jobs.empty() || jobs.front().sub_group > sub_group; });
+  }
+
+  // Ends the writing thread (after the jobs queued so far).
+  void stop() noexcept {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stopping = true;
+      changed.notify_all();
+    }
+    if (thread.joinable()) thread.join();
+  }
+
+  // Whether the records of every sub-group are written, by the step that made
+  // `applied_steps` and no later one.
+  [[nodiscard]] bool complete(int64_t applied_steps, size_t sub_groups) {
+    std::lock_guard<std::mutex> lock(mutex);
+    return step_applied && step_count == applied_steps && error.empty() && jobs.empty() &&
+           written == sub_groups;
+  }
+
+  // Why the save cannot use this file, for the log ("" when it can).
+  [[nodiscard]] std::string unusable(const fs::path& root_in, const std::string& tag_in,
+                                     int64_t applied_steps, size_t sub_groups) {
+    if (root_in != root || tag_in != tag) {
+      return fmt::format("it was prepared for {}", (root / tag).string());
+    }
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!error.empty()) return "writing it during the step failed: " + error;
+    if (!step_applied) return "no optimizer step ran after it was prepared";
+    if (step_count != applied_steps) return "another optimizer step ran after it";
+    if (written != sub_groups) {
+      return fmt::format("the step wrote {} of {} sub-groups", written, sub_groups);
+    }
+    return {};
+  }
+
+  const fs::path root;
+  const std::string tag;
+  const fs::path staging;
+  const std::string file;
+  const std::vector<StateName> states;
+  const std::vector<std::vector<std::string>> keys;  // [array][unit], as the pickle names them
+  std::unique_ptr<ser::TorchArchiveWriter> writer;
+  bool owns_staging = false;  // rank 0 made the staging folder
+  bool published = false;     // a save finished the file: the folder is the checkpoint's
+  bool observed = false;      // shown to a step (at most one)
+  bool step_applied = false;  // that step ran (not skipped)
+  int64_t step_count = 0;     // the engine's applied steps after it
+  uint64_t bytes = 0;         // record bytes written
+
+ private:
+  struct Job {
+    size_t sub_group;
+    uint64_t numel;
+    std::vector<const float*> arrays;  // params, then states; unchanged until released
+  };
+
+  void run() noexcept {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        changed.wait(lock, [&] { return !jobs.empty() || stopping; });
+        if (jobs.empty()) return;
+        job = jobs.front();  // stays queued (unreleased) until written
+      }
+      std::string failure;
+      uint64_t done = 0;
+      if (error_seen.load(std::memory_order_relaxed) == false) {
+        try {
+          for (size_t a = 0; a < job.arrays.size(); ++a) {
+            if (job.arrays[a] == nullptr) {
+              throw std::logic_error(fmt::format("sub-group {} was shown without its {}",
+                                                 job.sub_group,
+                                                 a == 0 ? "params" : states[a - 1].name));
+            }
+            const std::span<const uint8_t> data(reinterpret_cast<const uint8_t*>(job.arrays[a]),
+                                                static_cast<size_t>(job.numel * sizeof(float)));
+            const uint32_t crc = ser::crc32_update(0, data);
+            writer->begin_storage(keys[a][job.sub_group], data.size(), 4096);
+            writer->write_stable(data, crc);
+            done += data.size();
+            crash_point();
+          }
+          writer->sync();  // the writes no longer read the step's buffers
+        } catch (const std::exception& e) {
+          failure = e.what();
+          error_seen.store(true, std::memory_order_relaxed);
+        }
+      }
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!failure.empty() && error.empty()) error = failure;
+      if (failure.empty() && error.empty()) {
+        ++written;
+        bytes += done;
+      }
+      jobs.pop_front();
+      changed.notify_all();
+    }
+  }
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::deque<Job> jobs;  // shown, not yet written; the front is being written
+  size_t written = 0;    // sub-groups whose records are complete
+  std::string error;
+  std::atomic<bool> error_seen{false};
+  bool stopping = false;
+  std::thread thread;  // last: starts once the rest exists
+};
+
+void Engine::PreparedSaveDelete::operator()(PreparedSave* p) const noexcept { delete p; }
+
+offload::StepObserver* Engine::prepared_observer() noexcept {
+  if (!prepared_save_ || prepared_save_->observed) return nullptr;
+  prepared_save_->observed = true;
+  return prepared_save_.get();
+}
+
+void Engine::prepared_step_done(bool applied) noexcept {
+  if (!prepared_save_) return;
+  prepared_save_->step_applied = applied;
+  prepared_save_->step_count = applied_steps_;
+}
+
+bool Engine::prepare_checkpoint(const std::string& dir, const std::string& tag_in) {
+  if (in_micro_batch_ || micro_batch_ != 0) {
+    throw EngineError("prepare_checkpoint() inside an optimizer step: call it at a step boundary");
+  }
+  prepared_save_.reset();  // an earlier one that no save took
+  const PartitionView view(*model_, options_.optimizer.type);
+  if (model_->stage() != 3 || view.swapper.config().device != offload::OffloadDevice::kNvme) {
+    return false;
+  }
+  const std::string tag = tag_in.empty() ? fmt::format("global_step{}", global_steps_ + 1) : tag_in;
+  check_tag(tag);
+  const fs::path root(dir);
+  const fs::path staging = root / ("." + tag + ".partial");
+  if (comm_->rank() == 0) make_staging(root, staging);
+  comm_->barrier()->wait();
+  const bool bf16 = options_.zero.precision == zero::Precision::kBFloat16;
+  prepared_save_.reset(new PreparedSave(root, tag, staging, optim_states_file(comm_->rank(), bf16),
+                                        view.states, view.units.size()));
+  prepared_save_->owns_staging = comm_->rank() == 0;
+  if (view.units.size() != view.layout.sub_groups().size()) {
+    prepared_save_.reset();
+    throw std::logic_error("prepare_checkpoint: stage 3 units are not the sub-groups");
+  }
+  return true;
+}
+
+namespace {
+
 // ---- reading a file's pickle ------------------------------------------------------------------
 
 std::vector<int64_t> saved_shape(const PickleValue& size) { return size.as_int_list(); }
@@ -584,15 +814,31 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
   // fails this save before anything is written, rather than a later step.
   model_->flush_io();
 
-  if (rank == 0) {
-    std::error_code ec;
-    fs::create_directories(root, ec);
-    fs::remove_all(staging, ec);
-    if (!fs::create_directories(staging, ec)) {
-      throw EngineError(fmt::format("checkpoint: cannot create {}: {}", staging.string(),
-                                    ec ? ec.message() : "it exists"));
+  // A save the step before wrote the partition of (prepare_checkpoint): every rank's must be
+  // usable, or every rank streams.
+  // This save consumes the preparation, whatever happens to it.
+  std::unique_ptr<PreparedSave, PreparedSaveDelete> prepared = std::move(prepared_save_);
+  uint64_t step_written = 0;
+  {
+    std::string why = "not prepared";
+    if (prepared) {
+      why = prepared->unusable(root, tag, applied_steps_, layout.sub_groups().size());
+      prepared->stop();
+      if (!why.empty()) {
+        log(fmt::format("checkpoint {}: streaming the optimizer states: {}", tag, why));
+      }
+    }
+    int64_t unusable = why.empty() ? 0 : 1;
+    if (world > 1) {
+      comm_->all_reduce(&unusable, 1, zero::DType::kInt64, zero::ReduceOp::kSum)->wait();
+    }
+    if (unusable != 0) {
+      prepared.reset();  // rank 0 removes its folder
+    } else {
+      step_written = prepared->bytes;
     }
   }
+  if (rank == 0 && !prepared) make_staging(root, staging);
   comm_->barrier()->wait();
 
   // ---- shared pieces -----------------------------------------------------------------------
@@ -829,10 +1075,19 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
     b.put(root_dict, "optimizer_state_dict", optimizer_dict(b));
     b.put(root_dict, "ds_config", ds_config(b));
     b.put(root_dict, "ds_version", b.str(kVersion));
-    ser::TorchArchiveWriter writer((staging / name).string());
-    b.write_head(writer, root_dict);
-    stream_partition(writer);
-    writer.finish();
+    if (prepared) {
+      // The records are in the file already: add the pickle, which names them.
+      if (keys != prepared->keys) {
+        throw std::logic_error("checkpoint: the prepared records' keys differ from the pickle's");
+      }
+      b.write_head(*prepared->writer, root_dict);
+      prepared->writer->finish();
+    } else {
+      ser::TorchArchiveWriter writer((staging / name).string());
+      b.write_head(writer, root_dict);
+      stream_partition(writer);
+      writer.finish();
+    }
     crash_point();
     written.push_back(name);
   }
@@ -870,6 +1125,7 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
   }
   comm_->barrier()->wait();  // every rank's files are complete and durable
 
+  if (prepared) prepared->published = true;  // the folder is published next, not removed
   if (rank == 0) {
     publish(root, staging, target, root / ("." + tag + ".old"));
     serialization::AtomicFile latest((root / "latest").string());
@@ -885,6 +1141,7 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
   report.bytes = static_cast<uint64_t>(bytes);
   report.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   report.client_state = client_state;
+  report.step_written_bytes = step_written;
   return report;
 }
 

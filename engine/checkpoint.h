@@ -52,6 +52,9 @@ struct CheckpointReport {
   uint64_t bytes = 0;        // all ranks' files together
   double seconds = 0.0;      // wall time of the call on this rank
   ClientState client_state;  // load: what the checkpoint carried
+  // save: bytes of this rank's partition that the step before the save wrote into the
+  // checkpoint (Engine::prepare_checkpoint), not counted in `seconds`; 0 when streamed.
+  uint64_t step_written_bytes = 0;
   [[nodiscard]] double gb_per_second() const noexcept {
     return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0;
   }

@@ -260,6 +260,18 @@ void Engine::apply_step() {
     }
   }
   const double scale = scaler_.scale();
+  // A save prepared for after this step sees the sub-groups as the step updates them.
+  offload::OptimizerSwapper* swapper = nullptr;
+  if (offload::StepObserver* observer = prepared_observer()) {
+    swapper = &model_->optimizer().swapper();
+    swapper->set_step_observer(observer);
+  }
+  struct Detach {
+    offload::OptimizerSwapper* swapper;
+    ~Detach() {
+      if (swapper != nullptr) swapper->set_step_observer(nullptr);
+    }
+  } detach{swapper};
   const zero::OptimizerStepOutcome outcome = model_->step(next, scale);
   step_seconds_ = seconds_since(start);
   ++global_steps_;
@@ -268,6 +280,7 @@ void Engine::apply_step() {
   } else {
     ++applied_steps_;
   }
+  if (swapper != nullptr) prepared_step_done(!outcome.skipped);
   scaler_.update(outcome.skipped);
   if (outcome.skipped) {
     log(fmt::format(

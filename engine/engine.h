@@ -149,6 +149,18 @@ class Engine {
   // "global_step<global_steps()>") under `dir` and points `dir`/latest at it.
   CheckpointReport save_checkpoint(const std::string& dir, const std::string& tag = {},
                                    const ClientState& client_state = {});
+  // Collective, at a step boundary, before the optimizer step that save_checkpoint(dir, tag)
+  // will follow (`tag` default: "global_step<global_steps() + 1>", the default tag after one
+  // more step): that step writes each sub-group's master params and optimizer states into
+  // the checkpoint as it updates them, behind the optimizer (records in the step's order,
+  // from its own buffers), so the save reads nothing back from the swap files and writes only
+  // the small rest. Applies at stage 3 with offload_optimizer on NVMe (returns true); other
+  // runs gain nothing over streaming and return false. The save streams as usual when no
+  // optimizer step ran in between (an fp16 overflow skipped it), another step did, it names
+  // another dir or tag, or the early write failed (logged); the early file goes to
+  // `<dir>/.<tag>.partial`, so `latest` and the checkpoints there stay as they were until
+  // the save publishes.
+  bool prepare_checkpoint(const std::string& dir, const std::string& tag = {});
   // Collective, at a step boundary: restores the checkpoint `tag` (default: `dir`/latest) —
   // weights, optimizer states, LR schedule position, loss scale, step counters, RNG state —
   // and returns its client state. Refuses a checkpoint of another world size, stage, model
@@ -179,6 +191,13 @@ class Engine {
   void log(const std::string& line) const;
   void emit(const std::string& event, double value) const;
   void apply_step();
+  // The prepared save to show the next optimizer step to, or nullptr (engine/checkpoint.cc).
+  offload::StepObserver* prepared_observer() noexcept;
+  void prepared_step_done(bool applied) noexcept;
+  struct PreparedSave;  // engine/checkpoint.cc
+  struct PreparedSaveDelete {
+    void operator()(PreparedSave* p) const noexcept;
+  };
 
   EngineOptions options_;
   std::shared_ptr<torch::nn::Module> module_;
@@ -201,6 +220,8 @@ class Engine {
   double forward_seconds_ = 0.0, backward_seconds_ = 0.0, step_seconds_ = 0.0;
   StepReport report_;
   zero::ZeroModelStats last_stats_;  // at the previous step, for per-step deltas
+  // Last: ends (its writer thread joined) before the model it observes.
+  std::unique_ptr<PreparedSave, PreparedSaveDelete> prepared_save_;
 };
 
 // A description of `root`'s parameters for the memory plan (the same walk ZeroModel makes).

@@ -485,7 +485,23 @@ void OptimizerSwapper::step_in_memory(const OptimizerStepOptions& options,
       ScopedTime time(counters_, Counters::Clock::kCompute);
       sink(sg.offset, copy_ptr, sg.numel);
     }
+    if (observer_ != nullptr) {
+      // The next sub-group's update does not touch these arrays, but step() returns with
+      // nothing shown still in use: release at once.
+      const size_t g = static_cast<size_t>(&sg - sub_groups_.data());
+      show(g, arrays.data());
+      observer_->release(g);
+    }
   }
+}
+
+void OptimizerSwapper::show(size_t sub_group, void* const* arrays) const noexcept {
+  const void* shown[4] = {nullptr, nullptr, nullptr, nullptr};
+  for (size_t k = 0; k < kinds_.size() && k < 4; ++k) {
+    shown[k] = kinds_[k] == OptimizerState::kGrads ? nullptr : arrays[k];
+  }
+  observer_->updated(sub_group, sub_groups_[sub_group].numel, kinds_.data(), shown,
+                     std::min<size_t>(kinds_.size(), 4));
 }
 
 void OptimizerSwapper::step_nvme(const OptimizerStepOptions& options, const ParamCopySink& sink,
@@ -507,6 +523,9 @@ void OptimizerSwapper::step_nvme(const OptimizerStepOptions& options, const Para
   auto issue_reads = [&](size_t i) {
     BufferSet& set = *sets_[i % set_count];
     wait(set);
+    if (observer_ != nullptr && i >= set_count) {
+      observer_->release(i - set_count);  // the set's arrays were shown for that sub-group
+    }
     set.hold(static_cast<long>(i));
     const SubGroup& sg = sub_groups_[i];
     for (size_t k = 0; k < kinds_.size(); ++k) {
@@ -544,6 +563,9 @@ void OptimizerSwapper::step_nvme(const OptimizerStepOptions& options, const Para
         ScopedTime time(counters_, Counters::Clock::kCompute);
         sink(sg.offset, copy_ptr, sg.numel);
       }
+      if (observer_ != nullptr) {
+        show(i, arrays.data());
+      }
       for (size_t k = 0; k < kinds_.size(); ++k) {
         if (k == grads) {
           continue;
@@ -565,7 +587,14 @@ void OptimizerSwapper::step_nvme(const OptimizerStepOptions& options, const Para
         wait(*sets_[s]);
       }
     }
+    if (observer_ != nullptr && n > 0) {
+      ScopedTime time(counters_, Counters::Clock::kIoWait);
+      observer_->release(n - 1);
+    }
   } catch (...) {
+    if (observer_ != nullptr && n > 0) {
+      observer_->release(n - 1);  // before anything may reuse the buffers it was shown
+    }
     // Let every transfer end before anything reuses the buffers; report the first error.
     // Then close the queues: one that saw an error may hold a broken aio handle (an engine
     // failure fails all its later transfers), so the next step makes fresh ones. What the

@@ -44,6 +44,15 @@
 // aio handle), the next step makes fresh ones, and every cached buffer is dropped: later
 // reads go to the disk, where a torn extent is reported as corrupt rather than read.
 //
+// Step observer: set_step_observer() hands step() an observer that sees each sub-group's
+// updated arrays (params and the optimizer's states; not the grads) right after the
+// optimizer ran over them, e.g. to write them into a checkpoint as the step updates them
+// instead of reading them back afterwards. The arrays stay unchanged until the swapper calls
+// release(i) for that sub-group or a later one: it does so before it overwrites a buffer it
+// showed (the next reads into that buffer set) and, for every sub-group, before step()
+// returns or throws. So an observer can work on them behind the step (one set's worth
+// behind with one buffer set, more with pipelining) without copying them.
+//
 // Thread safety: calls on one OptimizerSwapper must not overlap (one driving thread); the
 // I/O it issues runs on aio's workers and the optimizer on TBB's. counters() may be called
 // from any thread at any time.
@@ -100,6 +109,21 @@ using ParamCopySink = std::function<void(uint64_t offset, const void* data, uint
 // The arrays of the partition, for loading and inspecting them (checkpoints, tests).
 enum class OptimizerState { kParams, kGrads, kExpAvg, kExpAvgSq };
 
+// Sees the arrays of each sub-group a step updates (see the header comment). Its calls come
+// from the thread that drives step(); they must not throw (an observer keeps its own errors:
+// the step's result does not depend on it).
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  // Sub-group `sub_group` [numel elements] is updated: `arrays[k]` holds kinds[k] (fp32;
+  // kinds as states_per_param() counts them, kParams first; nullptr for kGrads), unchanged
+  // until release(j) is called for some j >= sub_group.
+  virtual void updated(size_t sub_group, uint64_t numel, const OptimizerState* kinds,
+                       const void* const* arrays, size_t count) noexcept = 0;
+  // Returns once nothing reads the arrays shown for sub-groups <= `sub_group` any more.
+  virtual void release(size_t sub_group) noexcept = 0;
+};
+
 class OptimizerSwapper {
  public:
   // `optimizer` must outlive the swapper. `store` is required for device kNvme (and must
@@ -147,6 +171,9 @@ class OptimizerSwapper {
   // One optimizer step over every sub-group (see the header comment).
   [[nodiscard]] OptimizerStepReport step(const OptimizerStepOptions& options,
                                          const ParamCopySink& sink = {});
+  // The observer the following steps show their updated sub-groups to (nullptr: none). It
+  // must outlive those steps or be replaced first.
+  void set_step_observer(StepObserver* observer) noexcept { observer_ = observer; }
   // Waits for the writes the last step left in flight (write-behind) and throws their
   // error, if any. Device kCpu: nothing to do.
   void flush();
@@ -184,6 +211,8 @@ class OptimizerSwapper {
   [[nodiscard]] bool grads_in_sets() const noexcept;
   // After an I/O error: close every queue (draining it) and forget what the sets hold.
   void drop_sets() noexcept;
+  // Shows sub-group `sub_group`'s arrays (one per kind) to observer_.
+  void show(size_t sub_group, void* const* arrays) const noexcept;
   // A new I/O queue for a buffer set, with state_pool_'s buffers registered (until one
   // handle refuses them).
   std::unique_ptr<NvmeStore::Queue> make_queue();
@@ -200,6 +229,7 @@ class OptimizerSwapper {
   // After the pools: the sets' queues, which have state_pool_'s buffers registered, go first.
   // A set's queue is null after a failed step closed it; the next step makes a fresh one.
   std::vector<std::unique_ptr<BufferSet>> sets_;
+  StepObserver* observer_ = nullptr;
   Counters counters_;
 };
 

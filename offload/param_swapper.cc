@@ -29,6 +29,13 @@ ParamSwapper::ParamSwapper(const ParamSwapperConfig& config, NvmeStore& store,
 // Every extent goes back to the store, each once no read of it is in flight: a partition's
 // queue drains its reads (its destructor waits) before its buffers and extents go.
 ParamSwapper::~ParamSwapper() {
+  // A write batch may still run (behind the forward that never came): its extents cannot be
+  // freed while written. Its failure no longer matters: the values go with this object.
+  try {
+    end_write_batch();
+  } catch (const std::exception&) {
+    // Discarded with the rest.
+  }
   for (Partition& p : partitions_) {
     p.reads.reset();
     drop_buffers(p);

@@ -369,13 +369,27 @@ int run_train(const TrainArgs& args) {
       const engine::CheckpointReport r =
           eng.save_checkpoint(args.save, {}, {{"data_position", loader.global_position()}});
       saved_step = step;
-      if (lead)
+      if (!lead) return;
+      if (r.step_written_bytes > 0) {
+        progress.print(fmt::format(
+            "checkpoint saved: {} ({} in {:.2f} s after the step, which wrote {} of this rank's "
+            "optimizer states into it)",
+            r.path, engine::format_bytes(r.bytes), r.seconds,
+            engine::format_bytes(r.step_written_bytes)));
+      } else {
         progress.print(fmt::format("checkpoint saved: {} ({} in {:.2f} s, {:.2f} GB/s)", r.path,
                                    engine::format_bytes(r.bytes), r.seconds, r.gb_per_second()));
+      }
     };
     const double initial_loss_scale = eng.loss_scaler().scale();
     int sig = 0;
     while (step < steps && (sig = agreed_signal(eng)) == 0) {
+      // A save follows this step: the step writes the optimizer states into it as it updates
+      // them (stage 3 with the optimizer on NVMe; elsewhere this does nothing).
+      if (!args.save.empty() &&
+          ((args.save_interval > 0 && (step + 1) % args.save_interval == 0) || step + 1 == steps)) {
+        (void)eng.prepare_checkpoint(args.save);
+      }
       const engine::StepReport r = eng.train_batch([&](int) {
         loader.next(micro, inputs, targets);
         // Cloned: the embedding's backward keeps the token ids.

@@ -220,20 +220,31 @@ TEST(CheckpointResume, RestoresTheRngState) {
 
 // One phase of the 2-rank run per process (a process makes one communicator): "full" trains
 // 6 steps, "save" trains 3 and saves, "resume" loads and trains 3; rank 0 writes the losses.
+// "save-prepared" and "resume-prepared" do the same with the states on NVMe and the save
+// prepared before the third step (Engine::prepare_checkpoint), which writes the partitions.
 TEST(CheckpointGloo, DISABLED_Stage3Rank) {
   const char* dir = std::getenv("ZINF_TEST_CKPT_DIR");
   const char* phase = std::getenv("ZINF_TEST_CKPT_PHASE");
   ASSERT_TRUE(dir != nullptr && phase != nullptr);
   const std::string p = phase;
-  Trainer run(options_for(3), p == "resume" ? 99 : 7);
+  // "-prepared": states on NVMe, the save prepared before its step, in folder prepared/.
+  const bool prepared = p.ends_with("-prepared");
+  const std::string at = prepared ? (fs::path(dir) / "prepared").string() : std::string(dir);
+  Trainer run(prepared ? options_for(3, (fs::path(dir) / "swap").string()) : options_for(3),
+              p.starts_with("resume") ? 99 : 7);
   std::vector<double> losses;
   if (p == "full") {
     losses = run.train(6);
-  } else if (p == "save") {
-    run.train(3);
-    run.save(dir);
+  } else if (p.starts_with("save")) {
+    run.train(prepared ? 2 : 3);
+    if (prepared) {
+      ASSERT_TRUE(run.engine->prepare_checkpoint(at));
+      run.train(1);
+    }
+    const CheckpointReport saved = run.save(at);
+    EXPECT_EQ(saved.step_written_bytes > 0, prepared);
   } else {
-    run.load(dir);
+    run.load(at);
     EXPECT_EQ(run.engine->global_steps(), 3);
     losses = run.train(3);
   }
@@ -247,7 +258,8 @@ TEST(CheckpointGloo, DISABLED_Stage3Rank) {
 TEST(CheckpointGloo, TwoRanksAtStage3ResumeWithTheSameLosses) {
   if (::zinf::testing::is_child_rank()) GTEST_SKIP();
   ::zinf::testing::TempDir dir;
-  for (const char* phase : {"full", "save", "resume"}) {
+  fs::create_directories(fs::path(dir.path()) / "swap");
+  for (const char* phase : {"full", "save", "resume", "save-prepared", "resume-prepared"}) {
     ::zinf::testing::RanksOptions ro;
     ro.world_size = 2;
     ro.test = "CheckpointGloo.DISABLED_Stage3Rank";
@@ -265,12 +277,17 @@ TEST(CheckpointGloo, TwoRanksAtStage3ResumeWithTheSameLosses) {
     for (double x; in >> x;) v.push_back(x);
     return v;
   };
+  EXPECT_TRUE(fs::exists(fs::path(dir.path()) / "prepared" / "global_step3" /
+                         "zero_pp_rank_1_mp_rank_00_optim_states.pt"));
   const std::vector<double> want = read("losses-full");
-  const std::vector<double> got = read("losses-resume");
   ASSERT_EQ(want.size(), 6u);
-  ASSERT_EQ(got.size(), 3u);
-  for (int i = 0; i < 3; ++i) {
-    EXPECT_NEAR(got[i], want[3 + i], 1e-6 * std::abs(want[3 + i])) << "step " << 4 + i;
+  for (const char* name : {"losses-resume", "losses-resume-prepared"}) {
+    SCOPED_TRACE(name);
+    const std::vector<double> got = read(name);
+    ASSERT_EQ(got.size(), 3u);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_NEAR(got[i], want[3 + i], 1e-6 * std::abs(want[3 + i])) << "step " << 4 + i;
+    }
   }
 }
 
@@ -285,6 +302,9 @@ TEST(CheckpointKill, DISABLED_SaveChild) {
   ASSERT_TRUE(dir != nullptr && swap != nullptr && tag != nullptr);
   Trainer run(options_for(3, swap), 99);
   run.load(dir);
+  if (std::getenv("ZINF_TEST_CKPT_PREPARE") != nullptr) {
+    ASSERT_TRUE(run.engine->prepare_checkpoint(dir, tag));
+  }
   run.train(1);
   run.save(dir, tag);
 }
@@ -298,7 +318,7 @@ TEST(CheckpointKill, AKilledSaveLeavesLatestLoadableAndThePreviousIntact) {
   const EngineOptions o = options_for(3, swap.path());
   // Crash points of a save to a new tag, and of one over an existing tag (one more: after the
   // exchange).
-  int64_t points_new = 0, points_over = 0;
+  int64_t points_new = 0, points_over = 0, prepared_new = 0, prepared_over = 0;
   {
     Trainer run(o, 7);
     run.train(2);
@@ -308,9 +328,18 @@ TEST(CheckpointKill, AKilledSaveLeavesLatestLoadableAndThePreviousIntact) {
     before = checkpoint_crash_points_passed();
     run.save(dir.path());  // global_step2 again, the same states
     points_over = checkpoint_crash_points_passed() - before;
+    // Prepared saves: their first crash points pass while the step writes the records.
+    for (int64_t* points : {&prepared_new, &prepared_over}) {
+      before = checkpoint_crash_points_passed();
+      ASSERT_TRUE(run.engine->prepare_checkpoint(dir.path(), "prepared"));
+      run.train(1);
+      ASSERT_GT(run.save(dir.path(), "prepared").step_written_bytes, 0u);
+      *points = checkpoint_crash_points_passed() - before;
+    }
   }
   ASSERT_GT(points_new, 10);
   ASSERT_EQ(points_over, points_new + 1);
+  ASSERT_EQ(prepared_over, prepared_new + 1);
   constexpr int kTrials = 20;
   int killed = 0;
   for (int trial = 0; trial < kTrials; ++trial) {
@@ -318,13 +347,17 @@ TEST(CheckpointKill, AKilledSaveLeavesLatestLoadableAndThePreviousIntact) {
     std::string latest;
     std::ifstream(fs::path(dir.path()) / "latest") >> latest;
     const std::string tag = trial % 2 == 0 ? "trial" + std::to_string(trial) : latest;
-    const int64_t points = trial % 2 == 0 ? points_new : points_over;
+    // Trials 4-7 and 12-15 prepare the save before the step, which writes the optimizer file.
+    const bool prepared = trial % 8 >= 4;
+    const int64_t points = prepared ? (trial % 2 == 0 ? prepared_new : prepared_over)
+                                    : (trial % 2 == 0 ? points_new : points_over);
     // Half the trials anywhere in the save (mostly while the states stream), half among its
     // last crash points: the renames and `latest`, where the protocol matters most.
     const int64_t first = trial % 4 < 2 ? 1 : std::max<int64_t>(1, points - 5);
     const int64_t kill_at = std::uniform_int_distribution<int64_t>(first, points + 1)(rng);
     SCOPED_TRACE("trial " + std::to_string(trial) + ", tag " + tag + ", kill at crash point " +
-                 std::to_string(kill_at) + " of " + std::to_string(points));
+                 std::to_string(kill_at) + " of " + std::to_string(points) +
+                 (prepared ? ", prepared" : ""));
     ::zinf::testing::RanksOptions ro;
     ro.world_size = 1;
     ro.test = "CheckpointKill.DISABLED_SaveChild";
@@ -332,6 +365,7 @@ TEST(CheckpointKill, AKilledSaveLeavesLatestLoadableAndThePreviousIntact) {
               {"ZINF_TEST_CKPT_SWAP", swap.path()},
               {"ZINF_TEST_CKPT_TAG", tag},
               {kCheckpointKillAtVariable, std::to_string(kill_at)}};
+    if (prepared) ro.env.emplace_back("ZINF_TEST_CKPT_PREPARE", "1");
     ro.deadline = std::chrono::milliseconds(120'000);
     const auto results = ::zinf::testing::run_ranks(ro);
     ASSERT_EQ(results.size(), 1u);
@@ -367,7 +401,7 @@ void write_f32(const fs::path& path, const std::vector<float>& v) {
   out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
 }
 
-void check_with_torch(int stage) {
+void check_with_torch(int stage, bool prepared = false) {
   if (!fs::exists(serialization::testing::kPython)) {
     GTEST_SKIP() << "/usr/bin/python3 is absent";
   }
@@ -375,14 +409,20 @@ void check_with_torch(int stage) {
           .status != 0) {
     GTEST_SKIP() << "/usr/bin/python3 has no torch (python3-torch)";
   }
-  ::zinf::testing::TempDir dir, expected;
-  EngineOptions o = options_for(stage);
+  ::zinf::testing::TempDir dir, expected, swap;
+  // Prepared: the optimizer file's records written by the step before the save.
+  EngineOptions o = prepared ? options_for(stage, swap.path()) : options_for(stage);
   o.zero.sub_group_size = 7000;
   o.gather_16bit_weights_on_model_save = true;
   Trainer run(o, 7);
-  run.train(2);
+  run.train(1);
+  if (prepared) {
+    ASSERT_TRUE(run.engine->prepare_checkpoint(dir.path()));
+  }
+  run.train(1);
   run.index = 42;
   const CheckpointReport saved = run.save(dir.path());
+  EXPECT_EQ(saved.step_written_bytes > 0, prepared);
   zero::ZeroModel& zm = run.engine->zero_model();
   offload::OptimizerSwapper& sw = zm.optimizer().swapper();
   const uint64_t n = zm.layout().partition_numel();
@@ -413,6 +453,101 @@ void check_with_torch(int stage) {
 
 TEST(CheckpointTorch, TorchReadsAStage3Checkpoint) { check_with_torch(3); }
 TEST(CheckpointTorch, TorchReadsAStage2Checkpoint) { check_with_torch(2); }
+TEST(CheckpointTorch, TorchReadsAStage3CheckpointTheStepWrote) { check_with_torch(3, true); }
+
+// ---- a save prepared before its step -------------------------------------------------------
+
+// Every record of a zip file by name (CRCs verified).
+std::map<std::string, std::vector<uint8_t>> records_of(const fs::path& file) {
+  serialization::ZipReader::Options options;
+  options.verify_crc = true;
+  const auto zip = serialization::ZipReader::open(file.string(), options);
+  std::map<std::string, std::vector<uint8_t>> out;
+  for (const auto& entry : zip.entries()) {
+    const auto data = zip.data(entry);
+    out[entry.name].assign(data.begin(), data.end());
+  }
+  return out;
+}
+
+// The step after prepare_checkpoint writes the optimizer file's records; the save adds the
+// rest. The files equal a streamed save's of the same state record by record, and resuming
+// from it gives the uninterrupted run's losses — with one buffer set and with three.
+TEST(CheckpointPrepared, TheStepWritesTheOptimizerStatesAndResumeMatches) {
+  for (const bool pipeline : {false, true}) {
+    SCOPED_TRACE(pipeline ? "pipelined (3 buffer sets)" : "1 buffer set");
+    ::zinf::testing::TempDir swap, dir, streamed;
+    EngineOptions o = options_for(3, swap.path());
+    o.zero.pipeline_read = o.zero.pipeline_write = pipeline;
+    const std::vector<double> want = Trainer(o, 7).train(6);
+    {
+      Trainer first(o, 7);
+      first.train(2);
+      ASSERT_TRUE(first.engine->prepare_checkpoint(dir.path()));
+      first.train(1);
+      const CheckpointReport saved = first.save(dir.path());
+      EXPECT_EQ(saved.tag, "global_step3");
+      const uint64_t partition = first.engine->zero_model().layout().partition_numel();
+      EXPECT_EQ(saved.step_written_bytes, partition * 4 * 3);  // params, m, v
+      const CheckpointReport again = first.save(streamed.path(), "global_step3");
+      EXPECT_EQ(again.step_written_bytes, 0u);
+      for (const std::string& name : {optim_states_file(0, false), model_states_file(3, 0)}) {
+        SCOPED_TRACE(name);
+        const auto a = records_of(fs::path(saved.path) / name);
+        const auto b = records_of(fs::path(again.path) / name);
+        ASSERT_EQ(a.size(), b.size());
+        for (const auto& [record, bytes] : a) {
+          ASSERT_TRUE(b.count(record)) << record;
+          EXPECT_TRUE(bytes == b.at(record)) << record << " differs";
+        }
+      }
+      EXPECT_FALSE(fs::exists(fs::path(dir.path()) / ".global_step3.partial"));
+    }
+    Trainer resumed(o, 99);
+    EXPECT_EQ(resumed.load(dir.path()).tag, "global_step3");
+    const std::vector<double> got = resumed.train(3);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_NEAR(got[i], want[3 + i], 1e-6 * std::abs(want[3 + i])) << "step " << 4 + i;
+    }
+  }
+}
+
+// A preparation the save cannot use — another tag, no step since, two steps since — leaves
+// the save to stream, with the same result, and leaves no folder behind.
+TEST(CheckpointPrepared, AnUnusablePreparationIsStreamedInstead) {
+  ::zinf::testing::TempDir swap, dir;
+  const EngineOptions o = options_for(3, swap.path());
+  {
+    Trainer run(o, 7);
+    run.train(1);
+    ASSERT_TRUE(run.engine->prepare_checkpoint(dir.path(), "planned"));
+    run.train(1);
+    CheckpointReport r = run.save(dir.path(), "other");  // another tag
+    EXPECT_EQ(r.step_written_bytes, 0u);
+    EXPECT_FALSE(fs::exists(fs::path(dir.path()) / ".planned.partial"));
+    ASSERT_TRUE(run.engine->prepare_checkpoint(dir.path()));  // global_step3, never stepped
+    r = run.save(dir.path(), "global_step2");
+    EXPECT_EQ(r.step_written_bytes, 0u);
+    ASSERT_TRUE(run.engine->prepare_checkpoint(dir.path(), "late"));
+    run.train(2);  // two steps: the save follows the second
+    r = run.save(dir.path(), "late");
+    EXPECT_EQ(r.step_written_bytes, 0u);
+    ASSERT_TRUE(run.engine->prepare_checkpoint(dir.path(), "dropped"));
+  }  // the engine ends with a preparation no save took
+  EXPECT_FALSE(fs::exists(fs::path(dir.path()) / ".dropped.partial"));
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(dir.path())) {
+    left.push_back(entry.path().filename().string());
+  }
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"global_step2", "late", "latest", "other"}));
+  Trainer check(o, 5);
+  EXPECT_EQ(check.load(dir.path()).tag, "late");
+  EXPECT_EQ(check.engine->global_steps(), 4);
+  // Not stage 3 with the optimizer on NVMe: nothing to prepare.
+  Trainer plain(options_for(2), 7);
+  EXPECT_FALSE(plain.engine->prepare_checkpoint(dir.path()));
+}
 
 // ---- refusals
 // ------------------------------------------------------------------------------------

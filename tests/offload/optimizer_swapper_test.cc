@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -86,6 +87,16 @@ OptimizerStepOptions options_for(int step) {
   return options;
 }
 
+// The partition's params, m and v as the swapper has them.
+void read_arrays(OptimizerSwapper& swapper, Outcome& out) {
+  out.params.resize(kNumel);
+  out.exp_avg.resize(kNumel);
+  out.exp_avg_sq.resize(kNumel);
+  swapper.read_state(OptimizerState::kParams, out.params.data());
+  swapper.read_state(OptimizerState::kExpAvg, out.exp_avg.data());
+  swapper.read_state(OptimizerState::kExpAvgSq, out.exp_avg_sq.data());
+}
+
 Outcome run_swapper(const Problem& problem, OptimizerSwapperConfig config, NvmeStore* store,
                     uint64_t sub_group = kSubGroup) {
   AdamOptimizer adam(adam_config());
@@ -109,12 +120,7 @@ Outcome run_swapper(const Problem& problem, OptimizerSwapperConfig config, NvmeS
     EXPECT_EQ(report.sub_groups, (kNumel + sub_group - 1) / sub_group);
     out.nonfinite += report.nonfinite_grads;
   }
-  out.params.resize(kNumel);
-  out.exp_avg.resize(kNumel);
-  out.exp_avg_sq.resize(kNumel);
-  swapper.read_state(OptimizerState::kParams, out.params.data());
-  swapper.read_state(OptimizerState::kExpAvg, out.exp_avg.data());
-  swapper.read_state(OptimizerState::kExpAvgSq, out.exp_avg_sq.data());
+  read_arrays(swapper, out);
   return out;
 }
 
@@ -208,6 +214,120 @@ TEST(OptimizerSwapper, SetsKeptAcrossStepsChangeNoResult) {
   }
 }
 
+// A StepObserver that checks the swapper's promise: every sub-group is shown once per step,
+// in order, with its final values (the step's result), and what it was shown stays unchanged
+// until the swapper releases it; step() returns with nothing unreleased. It collects what it
+// saw into whole arrays.
+class CheckingObserver final : public StepObserver {
+ public:
+  explicit CheckingObserver(uint64_t numel)
+      : seen_{std::vector<float>(numel), std::vector<float>(numel), std::vector<float>(numel)} {}
+
+  void updated(size_t sub_group, uint64_t numel, const OptimizerState* kinds,
+               const void* const* arrays, size_t count) noexcept override {
+    EXPECT_EQ(sub_group, next_) << "shown out of order";
+    next_ = sub_group + 1;
+    Shown shown{sub_group, {}, {}};
+    for (size_t k = 0; k < count; ++k) {
+      if (kinds[k] == OptimizerState::kGrads) {
+        EXPECT_EQ(arrays[k], nullptr) << "grads are not shown";
+        continue;
+      }
+      const auto* data = static_cast<const float*>(arrays[k]);
+      shown.arrays.push_back(data);
+      shown.copies.emplace_back(data, data + numel);
+      const size_t slot = kinds[k] == OptimizerState::kParams   ? 0
+                          : kinds[k] == OptimizerState::kExpAvg ? 1
+                                                                : 2;
+      std::copy(data, data + numel,
+                seen_[slot].begin() + static_cast<std::ptrdiff_t>(sub_group * sub_group_size));
+    }
+    EXPECT_EQ(shown.arrays.size(), 3u);
+    outstanding_.push_back(std::move(shown));
+  }
+
+  void release(size_t sub_group) noexcept override {
+    ++releases_;
+    while (!outstanding_.empty() && outstanding_.front().sub_group <= sub_group) {
+      const Shown& s = outstanding_.front();
+      for (size_t a = 0; a < s.arrays.size(); ++a) {
+        EXPECT_EQ(std::memcmp(s.arrays[a], s.copies[a].data(), s.copies[a].size() * 4), 0)
+            << "sub-group " << s.sub_group << " array " << a << " changed before its release";
+      }
+      outstanding_.pop_front();
+    }
+  }
+
+  // After a step: everything was released; ready for the next step.
+  void end_step(size_t sub_groups) {
+    EXPECT_TRUE(outstanding_.empty()) << outstanding_.size() << " sub-groups unreleased";
+    EXPECT_EQ(next_, sub_groups);
+    outstanding_.clear();
+    next_ = 0;
+  }
+
+  uint64_t sub_group_size = 0;
+  const std::vector<float>& seen(size_t slot) const { return seen_[slot]; }
+  size_t releases() const { return releases_; }
+
+ private:
+  struct Shown {
+    size_t sub_group;
+    std::vector<const float*> arrays;
+    std::vector<std::vector<float>> copies;
+  };
+  std::vector<std::vector<float>> seen_;  // params, m, v
+  std::deque<Shown> outstanding_;
+  size_t next_ = 0;
+  size_t releases_ = 0;
+};
+
+// The observer sees each sub-group's final values, unchanged until released, in every
+// pipelining mode and on both devices, and watching changes no result.
+TEST(OptimizerSwapper, AStepObserverSeesTheUpdatedArraysUntilItReleasesThem) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  const Problem problem(seed);
+  for (const uint64_t sub_group : {kNumel, uint64_t{5004}, kSubGroup}) {
+    const Outcome direct = run_direct(problem, 3, sub_group);
+    for (int mode = 0; mode < 5; ++mode) {  // 4: device kCpu
+      SCOPED_TRACE("sub_group " + std::to_string(sub_group) + ", mode " + std::to_string(mode));
+      TempDir dir;
+      NvmeStore store(store_config(dir.path(), true));
+      OptimizerSwapperConfig config;
+      config.numel = kNumel;
+      config.sub_group_size = sub_group;
+      config.pipeline_read = (mode & 1) != 0;
+      config.pipeline_write = (mode & 2) != 0;
+      if (mode == 4) config.device = OffloadDevice::kCpu;
+      AdamOptimizer adam(adam_config());
+      OptimizerSwapper swapper(config, adam, mode == 4 ? nullptr : &store);
+      swapper.initialize(problem.params.data());
+      CheckingObserver observer(kNumel);
+      observer.sub_group_size = sub_group;
+      Outcome out;
+      for (int s = 0; s < 3; ++s) {
+        swapper.write_grads(0, problem.grads[static_cast<size_t>(s)].data(), kNumel);
+        // Watched on the first and last steps only: a step without it in between.
+        swapper.set_step_observer(s != 1 ? &observer : nullptr);
+        (void)swapper.step(options_for(s + 1), [&](uint64_t offset, const void* data, uint64_t n) {
+          auto& copy = out.copies[offset];
+          copy.resize(n);
+          std::memcpy(copy.data(), data, n * 2);
+        });
+        if (s != 1) observer.end_step(swapper.sub_group_count());
+      }
+      swapper.set_step_observer(nullptr);
+      EXPECT_GE(observer.releases(), 2u);
+      read_arrays(swapper, out);
+      expect_identical(out, direct, "watched");
+      EXPECT_EQ(observer.seen(0), out.params);
+      EXPECT_EQ(observer.seen(1), out.exp_avg);
+      EXPECT_EQ(observer.seen(2), out.exp_avg_sq);
+    }
+  }
+}
+
 // A sub-group the sets hold is read from them, not from the disk: with one sub-group, the
 // second step reads nothing from NVMe and writes params, m and v once; the grads never reach
 // the disk. Writes between steps (a checkpoint load) reach the next step.
@@ -258,12 +378,7 @@ TEST(OptimizerSwapper, HeldSubGroupsAreNotReadBackAndWritesBetweenStepsAreSeen) 
     EXPECT_EQ(c.nvme_bytes_read, 0u);
     EXPECT_EQ(c.nvme_bytes_written, kNumel * 12);  // params, m, v
     Outcome out;
-    out.params.resize(kNumel);
-    out.exp_avg.resize(kNumel);
-    out.exp_avg_sq.resize(kNumel);
-    swapper.read_state(OptimizerState::kParams, out.params.data());
-    swapper.read_state(OptimizerState::kExpAvg, out.exp_avg.data());
-    swapper.read_state(OptimizerState::kExpAvgSq, out.exp_avg_sq.data());
+    read_arrays(swapper, out);
     EXPECT_EQ(std::memcmp(out.params.data(), direct.params.data(), kNumel * 4), 0);
     EXPECT_EQ(std::memcmp(out.exp_avg.data(), direct.exp_avg.data(), kNumel * 4), 0);
     EXPECT_EQ(std::memcmp(out.exp_avg_sq.data(), direct.exp_avg_sq.data(), kNumel * 4), 0);

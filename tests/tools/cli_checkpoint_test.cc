@@ -73,6 +73,8 @@ TEST(CliCheckpoint, SaveThenLoadContinuesWithTheUninterruptedLosses) {
       << first.out << first.err;
   EXPECT_NE(first.out.find("checkpoint saved: " + ckpt.path() + "/global_step4"), std::string::npos)
       << first.out << first.err;
+  // Each save was prepared before its step, which wrote the optimizer states.
+  EXPECT_NE(first.out.find("optimizer states into it)"), std::string::npos) << first.out;
   EXPECT_TRUE(fs::exists(ckpt.path() + "/global_step4/pytorch_model.bin"));
   std::string latest;
   std::ifstream(ckpt.path() + "/latest") >> latest;
