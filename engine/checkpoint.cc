@@ -7,6 +7,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +29,7 @@
 
 #include "engine/engine.h"
 #include "engine/serialization/atomic_file.h"
+#include "engine/serialization/serialization_error.h"
 #include "engine/serialization/torch_archive.h"
 #include "engine/serialization/zip_reader.h"
 #include "zero/comm/torch_dtype.h"
@@ -356,6 +359,20 @@ class AlignedFloats {
   uint64_t capacity_ = 0;
 };
 
+// Calls fn(u, pos, n) for each piece of sub-group `g` that lies in unit u: partition elements
+// [pos, pos + n), in order. Units tile the partition.
+template <typename Fn>
+void for_each_piece(const zero::SubGroupRange& g, const std::vector<Unit>& units, Fn&& fn) {
+  const uint64_t end = g.offset + g.numel;
+  auto unit = std::upper_bound(units.begin(), units.end(), g.offset,
+                               [](uint64_t at, const Unit& x) { return at < x.offset + x.numel; });
+  for (uint64_t pos = g.offset; pos < end && unit != units.end(); ++unit) {
+    const uint64_t n = std::min(end, unit->offset + unit->numel) - pos;
+    fn(static_cast<size_t>(unit - units.begin()), pos, n);
+    pos += n;
+  }
+}
+
 // Streams partition array `state` into the archive, sub-group by sub-group: unit u's storage
 // under keys[u]. The next sub-group is read (on another thread; the swapper sees one call at
 // a time) while this one is written, so the save runs at the slower of the two rates rather
@@ -389,18 +406,11 @@ uint64_t stream_out(offload::OptimizerSwapper& sw, OptimizerState state,
     }
     std::vector<Piece>& list = pieces[g % 2];
     list.clear();
-    const uint64_t begin = groups[g].offset;
-    const uint64_t end = begin + groups[g].numel;
-    auto unit = std::upper_bound(units.begin(), units.end(), begin, [](uint64_t at, const Unit& x) {
-      return at < x.offset + x.numel;
-    });
-    for (uint64_t pos = begin; pos < end && unit != units.end(); ++unit) {
-      const uint64_t n = std::min(end, unit->offset + unit->numel) - pos;
-      const auto* bytes = reinterpret_cast<const uint8_t*>(d + (pos - begin));
+    for_each_piece(groups[g], units, [&](size_t, uint64_t pos, uint64_t n) {
+      const auto* bytes = reinterpret_cast<const uint8_t*>(d + (pos - groups[g].offset));
       list.push_back(
           {pos, n, ser::crc32_update(0, {bytes, static_cast<size_t>(n * sizeof(float))})});
-      pos += n;
-    }
+    });
   };
   std::future<void> next;
   // The reader uses a buffer this frame owns: it must end before any exception leaves.
@@ -437,29 +447,74 @@ uint64_t stream_out(offload::OptimizerSwapper& sw, OptimizerState state,
   return bytes;
 }
 
-// Fills partition array `state` from the archive's unit tensors, sub-group by sub-group.
+// Fills partition array `state` from the archive's unit tensors, sub-group by sub-group. The
+// next sub-group is gathered from the mapped file on another thread (its pages asked for
+// ahead with MADV_WILLNEED) while this one is written to the swapper, so a load runs at the
+// slower of reading and writing rather than their sum. Each record's CRC-32 is checked as
+// its bytes go by: a record that fails it stops the load with an error naming the file, the
+// record and its offset (the sub-groups before it are restored by then; the engine's states
+// are then partly the checkpoint's: load another before training on).
 void stream_in(offload::OptimizerSwapper& sw, OptimizerState state,
                const zero::PartitionLayout& layout, const std::vector<Unit>& units,
                const std::vector<const ser::TensorRef*>& refs, const ser::TorchArchive& archive,
-               std::vector<float>& buffer) {
-  std::vector<const float*> data(units.size());
+               const std::string& file, AlignedFloats (&buffers)[2]) {
+  std::vector<ser::TorchArchive::StorageRecord> records(units.size());
   for (size_t u = 0; u < units.size(); ++u) {
-    data[u] = reinterpret_cast<const float*>(archive.storage_bytes(refs[u]->storage).data());
+    records[u] = archive.storage_record(refs[u]->storage);
   }
   const auto& groups = layout.sub_groups();
-  size_t u = 0;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    buffer.resize(groups[g].numel);
-    uint64_t pos = groups[g].offset;
-    const uint64_t end = groups[g].offset + groups[g].numel;
-    while (pos < end) {
-      while (units[u].offset + units[u].numel <= pos) ++u;
-      const uint64_t n = std::min(end - pos, units[u].offset + units[u].numel - pos);
-      std::memcpy(buffer.data() + (pos - groups[g].offset), data[u] + (pos - units[u].offset),
-                  n * sizeof(float));
-      pos += n;
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  auto advise = [&](size_t g) {
+    if (g >= groups.size()) return;
+    for_each_piece(groups[g], units, [&](size_t u, uint64_t pos, uint64_t n) {
+      const auto at = reinterpret_cast<uintptr_t>(records[u].bytes.data()) +
+                      (pos - units[u].offset) * sizeof(float);
+      const uintptr_t begin = at & ~(page - 1);
+      // Advice only: a failure costs speed, nothing else.
+      (void)::madvise(reinterpret_cast<void*>(begin), at + n * sizeof(float) - begin,
+                      MADV_WILLNEED);
+    });
+  };
+  uint32_t crc = 0;  // of the current unit's bytes so far
+  auto gather = [&](size_t g) {
+    advise(g + 1);
+    float* b = buffers[g % 2].resize(groups[g].numel);
+    for_each_piece(groups[g], units, [&](size_t u, uint64_t pos, uint64_t n) {
+      float* to = b + (pos - groups[g].offset);
+      const uint64_t from = (pos - units[u].offset) * sizeof(float);
+      std::memcpy(to, records[u].bytes.data() + from, n * sizeof(float));
+      crc = ser::crc32_update(
+          crc, {reinterpret_cast<const uint8_t*>(to), static_cast<size_t>(n * sizeof(float))});
+      if (pos + n == units[u].offset + units[u].numel) {  // the unit's last piece
+        const ser::TorchArchive::StorageRecord& r = records[u];
+        if (r.bytes.size() > units[u].numel * sizeof(float)) {  // bytes past the elements
+          crc = ser::crc32_update(crc, r.bytes.subspan(units[u].numel * sizeof(float)));
+        }
+        if (crc != r.crc32) {
+          throw ser::SerializationError(
+              file, r.data_offset,
+              fmt::format("record {} fails its CRC-32 (recorded {:08x}, data {:08x}): the file "
+                          "is corrupt",
+                          r.name, r.crc32, crc));
+        }
+        crc = 0;
+      }
+    });
+  };
+  std::future<void> next;
+  // The gatherer fills a buffer the caller owns: it must end before any exception leaves.
+  struct Drain {
+    std::future<void>& f;
+    ~Drain() {
+      if (f.valid()) f.wait();
     }
-    sw.write_sub_group(state, g, buffer.data());
+  } drain{next};
+  advise(0);
+  if (!groups.empty()) gather(0);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (next.valid()) next.get();
+    if (g + 1 < groups.size()) next = std::async(std::launch::async, gather, g + 1);
+    sw.write_sub_group(state, g, buffers[g % 2].resize(groups[g].numel));
   }
 }
 
@@ -545,6 +600,12 @@ struct Engine::PreparedSave final : offload::StepObserver {
            written == sub_groups;
   }
 
+  // Whether an early write failed.
+  [[nodiscard]] bool failed() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return !error.empty();
+  }
+
   // Why the save cannot use this file, for the log ("" when it can).
   [[nodiscard]] std::string unusable(const fs::path& root_in, const std::string& tag_in,
                                      int64_t applied_steps, size_t sub_groups) {
@@ -603,6 +664,11 @@ struct Engine::PreparedSave final : offload::StepObserver {
             }
             const std::span<const uint8_t> data(reinterpret_cast<const uint8_t*>(job.arrays[a]),
                                                 static_cast<size_t>(job.numel * sizeof(float)));
+            if (fail_at > 0 && ++records_seen == fail_at) {
+              throw ser::SerializationError(
+                  file, ser::kNoOffset,
+                  std::string("write failed: injected by ") + kCheckpointFailEarlyWriteVariable);
+            }
             const uint32_t crc = ser::crc32_update(0, data);
             writer->begin_storage(keys[a][job.sub_group], data.size(), 4096);
             writer->write_stable(data, crc);
@@ -626,6 +692,12 @@ struct Engine::PreparedSave final : offload::StepObserver {
     }
   }
 
+  // The test seam: the record to fail at (0: none), and the records begun so far.
+  const long fail_at = [] {
+    const char* v = std::getenv(kCheckpointFailEarlyWriteVariable);
+    return v != nullptr ? std::strtol(v, nullptr, 10) : 0L;
+  }();
+  long records_seen = 0;
   std::mutex mutex;
   std::condition_variable changed;
   std::deque<Job> jobs;  // shown, not yet written; the front is being written
@@ -825,7 +897,13 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
       why = prepared->unusable(root, tag, applied_steps_, layout.sub_groups().size());
       prepared->stop();
       if (!why.empty()) {
-        log(fmt::format("checkpoint {}: streaming the optimizer states: {}", tag, why));
+        const std::string line =
+            fmt::format("checkpoint {}: streaming the optimizer states: {}", tag, why);
+        if (prepared->failed()) {
+          spdlog::warn("zinf: rank {}: {}", rank, line);  // every rank's, log or not
+        } else {
+          log(line);
+        }
       }
     }
     int64_t unusable = why.empty() ? 0 : 1;
@@ -1298,10 +1376,11 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
   }
 
   // ---- restore ----------------------------------------------------------------------------------
-  std::vector<float> buffer;
-  stream_in(sw, OptimizerState::kParams, layout, units, refs[0], archive, buffer);
+  AlignedFloats buffers[2];
+  const std::string& archive_file = stage == 0 ? model_file : optim_file;
+  stream_in(sw, OptimizerState::kParams, layout, units, refs[0], archive, archive_file, buffers);
   for (size_t a = 0; a < states.size(); ++a) {
-    stream_in(sw, states[a].state, layout, units, refs[1 + a], archive, buffer);
+    stream_in(sw, states[a].state, layout, units, refs[1 + a], archive, archive_file, buffers);
   }
   model_->refresh_from_master();
 

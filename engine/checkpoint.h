@@ -68,6 +68,10 @@ struct CheckpointReport {
 // storage record, each finished file, each rename, and `latest`) kills the process with
 // SIGKILL, so tests can end a save at a chosen point.
 inline constexpr const char* kCheckpointKillAtVariable = "ZINF_TEST_CHECKPOINT_KILL_AT";
+// Test seam: when this variable holds k > 0, the k-th record a step writes for a prepared
+// save (Engine::prepare_checkpoint) fails as an I/O error would.
+inline constexpr const char* kCheckpointFailEarlyWriteVariable =
+    "ZINF_TEST_CHECKPOINT_FAIL_EARLY_WRITE";
 // Crash points passed by saves in this process so far.
 [[nodiscard]] int64_t checkpoint_crash_points_passed() noexcept;
 

@@ -71,6 +71,17 @@ std::span<const uint8_t> TorchArchive::storage_bytes(const StorageRef& storage) 
   return zip_.data(*entry).first(static_cast<size_t>(needed));
 }
 
+TorchArchive::StorageRecord TorchArchive::storage_record(const StorageRef& storage) const {
+  (void)storage_bytes(storage);  // present and large enough
+  StorageRecord r;
+  r.name = prefix_ + "data/" + storage.key;
+  const ZipEntry* entry = zip_.find(r.name);
+  r.bytes = zip_.data(*entry);
+  r.crc32 = entry->crc32;
+  r.data_offset = entry->data_offset;
+  return r;
+}
+
 std::span<const uint8_t> TorchArchive::tensor_bytes(const TensorRef& tensor) const {
   if (!tensor.is_contiguous()) {
     throw SerializationError(zip_.name(), kNoOffset,

@@ -50,6 +50,15 @@ class TorchArchive {
   [[nodiscard]] const std::string& prefix() const noexcept { return prefix_; }
   // The whole storage record `data/<key>`, checked to hold numel elements of its dtype.
   [[nodiscard]] std::span<const uint8_t> storage_bytes(const StorageRef& storage) const;
+  // The storage's whole record (at least its elements; checked as storage_bytes() does), with
+  // what the archive records for it, for readers that check the CRC-32 as they copy the data.
+  struct StorageRecord {
+    std::span<const uint8_t> bytes;
+    uint32_t crc32 = 0;        // from the central directory
+    uint64_t data_offset = 0;  // of the first byte, in the file
+    std::string name;          // "<top>/data/<key>"
+  };
+  [[nodiscard]] StorageRecord storage_record(const StorageRef& storage) const;
   // The bytes of a contiguous tensor (its elements from storage_offset on); a tensor that is
   // not contiguous is an error (read storage_bytes() and apply the strides instead).
   [[nodiscard]] std::span<const uint8_t> tensor_bytes(const TensorRef& tensor) const;

@@ -512,6 +512,30 @@ TEST(CheckpointPrepared, TheStepWritesTheOptimizerStatesAndResumeMatches) {
   }
 }
 
+// An early write that fails (the seam fails the step's fourth record, as an I/O error would)
+// fails neither the step nor the save: the save streams instead, and the checkpoint loads.
+TEST(CheckpointPrepared, AFailedEarlyWriteLeavesTheSaveToStream) {
+  ::zinf::testing::TempDir swap, dir;
+  const EngineOptions o = options_for(3, swap.path());
+  ::setenv(kCheckpointFailEarlyWriteVariable, "4", 1);
+  std::vector<double> want;
+  {
+    Trainer run(o, 7);
+    run.train(1);
+    ASSERT_TRUE(run.engine->prepare_checkpoint(dir.path()));
+    EXPECT_NO_THROW(run.train(1));
+    ::unsetenv(kCheckpointFailEarlyWriteVariable);
+    const CheckpointReport saved = run.save(dir.path());
+    EXPECT_EQ(saved.step_written_bytes, 0u);
+    EXPECT_EQ(saved.tag, "global_step2");
+    want = run.train(1);
+  }
+  Trainer resumed(o, 99);
+  EXPECT_EQ(resumed.load(dir.path()).tag, "global_step2");
+  const std::vector<double> got = resumed.train(1);
+  EXPECT_NEAR(got[0], want[0], 1e-6 * std::abs(want[0]));
+}
+
 // A preparation the save cannot use — another tag, no step since, two steps since — leaves
 // the save to stream, with the same result, and leaves no folder behind.
 TEST(CheckpointPrepared, AnUnusablePreparationIsStreamedInstead) {
@@ -646,6 +670,54 @@ TEST(CheckpointRefusal, ATruncatedOptimizerFileIsNamed) {
   ::zinf::testing::TempDir nothing;
   const std::string e = load_error(empty, nothing.path());
   EXPECT_NE(e.find(nothing.path() + "/latest"), std::string::npos) << e;
+}
+
+// One flipped bit in an optimizer record fails its CRC-32: the load stops with an error that
+// names the file, the record and its offset, for states in memory and on NVMe.
+TEST(CheckpointRefusal, ACorruptRecordIsNamed) {
+  for (const bool nvme : {false, true}) {
+    SCOPED_TRACE(nvme ? "states on NVMe" : "states in memory");
+    ::zinf::testing::TempDir dir, swap;
+    const EngineOptions o = nvme ? options_for(3, swap.path()) : options_for(3);
+    {
+      Trainer run(o, 7);
+      run.train(1);
+      run.save(dir.path());
+    }
+    const fs::path file =
+        fs::path(dir.path()) / "global_step1" / "zero_pp_rank_0_mp_rank_00_optim_states.pt";
+    // A bit in the middle of the exp_avg_sq record of the last sub-group.
+    uint64_t at = 0;
+    std::string record;
+    {
+      const auto zip = serialization::ZipReader::open(file.string());
+      for (const auto& entry : zip.entries()) {
+        if (entry.name.find("/data/") != std::string::npos && entry.size > 64) {
+          at = entry.data_offset + entry.size / 2;
+          record = entry.name;
+        }
+      }
+    }
+    ASSERT_GT(at, 0u);
+    {
+      std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(static_cast<std::streamoff>(at));
+      char c = 0;
+      f.read(&c, 1);
+      c = static_cast<char>(c ^ 0x10);
+      f.seekp(static_cast<std::streamoff>(at));
+      f.write(&c, 1);
+    }
+    Trainer run(o, 7);
+    try {
+      run.load(dir.path());
+      ADD_FAILURE() << "a corrupt record was loaded";
+    } catch (const serialization::SerializationError& e) {
+      EXPECT_EQ(e.file(), file.string()) << e.what();
+      EXPECT_NE(std::string(e.what()).find(record + " fails its CRC-32"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 }  // namespace
