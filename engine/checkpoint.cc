@@ -359,6 +359,15 @@ class AlignedFloats {
   uint64_t capacity_ = 0;
 };
 
+// Waits for a task that uses memory of the frame it lives in, so that no exception leaves the
+// frame while the task runs.
+struct WaitOnExit {
+  std::future<void>& task;
+  ~WaitOnExit() {
+    if (task.valid()) task.wait();
+  }
+};
+
 // Calls fn(u, pos, n) for each piece of sub-group `g` that lies in unit u: partition elements
 // [pos, pos + n), in order. Units tile the partition.
 template <typename Fn>
@@ -413,13 +422,7 @@ uint64_t stream_out(offload::OptimizerSwapper& sw, OptimizerState state,
     });
   };
   std::future<void> next;
-  // The reader uses a buffer this frame owns: it must end before any exception leaves.
-  struct Drain {
-    std::future<void>& f;
-    ~Drain() {
-      if (f.valid()) f.wait();
-    }
-  } drain{next};
+  const WaitOnExit drain{next};  // the reader uses buffers of this frame
   size_t u = 0;
   uint64_t done = 0;  // of unit u
   uint64_t bytes = 0;
@@ -502,13 +505,7 @@ void stream_in(offload::OptimizerSwapper& sw, OptimizerState state,
     });
   };
   std::future<void> next;
-  // The gatherer fills a buffer the caller owns: it must end before any exception leaves.
-  struct Drain {
-    std::future<void>& f;
-    ~Drain() {
-      if (f.valid()) f.wait();
-    }
-  } drain{next};
+  const WaitOnExit drain{next};  // the gatherer fills buffers the caller owns
   advise(0);
   if (!groups.empty()) gather(0);
   for (size_t g = 0; g < groups.size(); ++g) {
