@@ -624,14 +624,6 @@ struct Engine::PreparedSave final : offload::StepObserver {
     if (thread.joinable()) thread.join();
   }
 
-  // Whether the records of every sub-group are written, by the step that made
-  // `applied_steps` and no later one.
-  [[nodiscard]] bool complete(int64_t applied_steps, size_t sub_groups) {
-    std::lock_guard<std::mutex> lock(mutex);
-    return step_applied && step_count == applied_steps && error.empty() && jobs.empty() &&
-           written == sub_groups;
-  }
-
   // Whether an early write failed.
   [[nodiscard]] bool failed() {
     std::lock_guard<std::mutex> lock(mutex);
@@ -711,6 +703,9 @@ struct Engine::PreparedSave final : offload::StepObserver {
         } catch (const std::exception& e) {
           failure = e.what();
           error_seen.store(true, std::memory_order_relaxed);
+          // The file is of no use now; dropping it waits for a write that may still read the
+          // step's buffers, before they are released.
+          writer.reset();
         }
       }
       std::lock_guard<std::mutex> lock(mutex);

@@ -18,7 +18,10 @@
 // param_shapes[g] — gives the parameter back, and no rank needs another rank's elements.
 // Stage 0 keeps the same dict as stages 1/2 under the model-states file's `optimizer` key
 // (every rank holds everything; rank 0 writes). States on NVMe are streamed sub-group by
-// sub-group, in both directions; nothing holds a whole partition in memory.
+// sub-group, in both directions; nothing holds a whole partition in memory. A save prepared
+// before its step (Engine::prepare_checkpoint) has that step write the optimizer file's
+// partition records as it updates the sub-groups, in sub-group order; the save adds the
+// pickle. Loads check every partition record's CRC-32.
 //
 // Crash safety: a save writes into `<dir>/.<tag>.partial` (every file written under a
 // temporary name, fsynced and renamed by serialization's AtomicFile), the ranks meet at a

@@ -164,7 +164,10 @@ class Engine {
   // Collective, at a step boundary: restores the checkpoint `tag` (default: `dir`/latest) —
   // weights, optimizer states, LR schedule position, loss scale, step counters, RNG state —
   // and returns its client state. Refuses a checkpoint of another world size, stage, model
-  // or optimizer (EngineError naming the file and the difference).
+  // or optimizer (EngineError naming the file and the difference). Checks the CRC-32 of
+  // every partition record as it restores it: a corrupt one fails the load naming the file,
+  // record and offset, with the states restored so far left in place (load another
+  // checkpoint before training on).
   CheckpointReport load_checkpoint(const std::string& dir, const std::string& tag = {});
 
   // ---- state ---------------------------------------------------------------------------------
