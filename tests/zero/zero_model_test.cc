@@ -184,11 +184,18 @@ TEST(ZeroModelParity, FourAccumulatedMicroBatchesEqualOneBatchOfFourTimesTheSize
   ZINF_TRACE_SEED(seed);
   NetShape shape;
   std::vector<torch::Tensor> masters[2];
+  // The two sums of the same 16 samples differ by float rounding. Adam divides each update by
+  // sqrt(v) + eps: with the default eps an element whose gradient nearly cancels gets a full
+  // step in a direction the rounding picks (2 of 300 random seeds then failed the bound). With
+  // eps = 1e-4 such elements move in proportion to their gradients, so the runs differ by
+  // rounding only; elements with larger gradients are normalised as before.
+  optimizer_cpu::AdamConfig adam_settings = adam_config(TrainOptions{});
+  adam_settings.eps = 1e-4f;
   for (int accumulate = 0; accumulate < 2; ++accumulate) {
     testing::Net net = make_net(shape, seed);
     offload::CpuAccelerator accelerator(1ull << 30);
     SingleCommunicator comm;
-    optimizer_cpu::AdamOptimizer adam(adam_config(TrainOptions{}));
+    optimizer_cpu::AdamOptimizer adam(adam_settings);
     ZeroConfig config;
     config.stage = 3;
     config.gradient_accumulation_steps = accumulate ? 4 : 1;
