@@ -360,12 +360,15 @@ struct FaultRig {
 // Fault paths, on every aio backend (io_uring and libaio go O_DIRECT with bounce and
 // staging memory; psync does plain pread/pwrite): the faults are injected through a
 // FaultBackend wrapped around the backend under test.
-class ParamSwapperFaults : public ::testing::TestWithParam<aio::BackendKind> {};
+// Each test draws its values from `rng`, seeded from test_seed(); failures print the seed.
+class ParamSwapperFaults : public ::testing::TestWithParam<aio::BackendKind> {
+ protected:
+  const uint32_t seed = static_cast<uint32_t>(test_seed());
+  const ::testing::ScopedTrace trace{__FILE__, __LINE__, ::zinf::testing::seed_trace_message(seed)};
+  std::mt19937 rng{seed};
+};
 
 TEST_P(ParamSwapperFaults, ReadFaultIsReportedAndTheNextSwapInRetries) {
-  const auto seed = static_cast<uint32_t>(test_seed());
-  ZINF_TRACE_SEED(seed);
-  std::mt19937 rng(seed);
   FaultRig rig(GetParam());
   rig.start();
   ParamSwapper& swapper = *rig.swapper;
@@ -400,9 +403,6 @@ TEST_P(ParamSwapperFaults, ReadFaultIsReportedAndTheNextSwapInRetries) {
 // not go back to the idle set, or every later transfer on it fails too. One worker per
 // handle, so the broken worker is the one every later transfer on that handle would use.
 TEST_P(ParamSwapperFaults, EngineFailureDoesNotPoisonLaterTransfers) {
-  const auto seed = static_cast<uint32_t>(test_seed());
-  ZINF_TRACE_SEED(seed);
-  std::mt19937 rng(seed);
   FaultRig rig(GetParam());
   rig.store_config.aio.intra_op_parallelism = 1;
   rig.start();
@@ -446,9 +446,6 @@ TEST_P(ParamSwapperFaults, EngineFailureDoesNotPoisonLaterTransfers) {
 }
 
 TEST_P(ParamSwapperFaults, FailedWriteBackLeavesTheStoredPartitionUnreadableNotStale) {
-  const auto seed = static_cast<uint32_t>(test_seed());
-  ZINF_TRACE_SEED(seed);
-  std::mt19937 rng(seed);
   FaultRig rig(GetParam(), /*checksums=*/false);
   rig.start();
   ParamSwapper& swapper = *rig.swapper;
@@ -473,9 +470,6 @@ TEST_P(ParamSwapperFaults, FailedWriteBackLeavesTheStoredPartitionUnreadableNotS
 // swap file; every partition of the batch is then torn (swap_in refuses it, never serving
 // stale or mixed values) until a whole write_back stores it again.
 TEST_P(ParamSwapperFaults, FailedWriteInABatchTearsItsPartitions) {
-  const auto seed = static_cast<uint32_t>(test_seed());
-  ZINF_TRACE_SEED(seed);
-  std::mt19937 rng(seed);
   FaultRig rig(GetParam());
   rig.start();
   ParamSwapper& swapper = *rig.swapper;
@@ -520,9 +514,6 @@ TEST_P(ParamSwapperFaults, FailedWriteInABatchTearsItsPartitions) {
 // or throws: never a mix. Here the write of the second of three chunks of a resident
 // partition fails, after the first chunk (and its part of the view) took the new values.
 TEST_P(ParamSwapperFaults, FailedWriteBackOfAResidentPartitionLeavesNoHalfUpdatedView) {
-  const auto seed = static_cast<uint32_t>(test_seed());
-  ZINF_TRACE_SEED(seed);
-  std::mt19937 rng(seed);
   FaultRig rig(GetParam());
   rig.start();
   ParamSwapper& swapper = *rig.swapper;
@@ -567,9 +558,6 @@ TEST_P(ParamSwapperFaults, FailedWriteBackOfAResidentPartitionLeavesNoHalfUpdate
 // touches, and the read of the second chunk fails after the first was rewritten. The store
 // cannot see the mix (both extents are valid); the swapper must.
 TEST_P(ParamSwapperFaults, FailedRangeWriteBackAcrossChunksLeavesNoMix) {
-  const auto seed = static_cast<uint32_t>(test_seed());
-  ZINF_TRACE_SEED(seed);
-  std::mt19937 rng(seed);
   FaultRig rig(GetParam(), /*checksums=*/true);
   rig.start();
   ParamSwapper& swapper = *rig.swapper;
@@ -623,9 +611,6 @@ TEST_P(ParamSwapperFaults, FailedAddLeavesNoExtentBehind) {
 // write of its remainder fails. The swapper reports a clean error and never returns the
 // half-written chunk: not from a write-back of a resident partition, not from an add().
 TEST_P(ParamSwapperFaults, ShortWriteThenErrorIsReportedAndNeverRead) {
-  const auto seed = static_cast<uint32_t>(test_seed());
-  ZINF_TRACE_SEED(seed);
-  std::mt19937 rng(seed);
   FaultRig rig(GetParam());
   rig.store_config.aio.intra_op_parallelism =
       1;  // one request per aligned run: the short one is predictable
