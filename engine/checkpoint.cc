@@ -8,7 +8,6 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +26,7 @@
 #include <set>
 #include <thread>
 
+#include "aio/handle.h"
 #include "engine/engine.h"
 #include "engine/serialization/atomic_file.h"
 #include "engine/serialization/serialization_error.h"
@@ -450,77 +450,31 @@ uint64_t stream_out(offload::OptimizerSwapper& sw, OptimizerState state,
   return bytes;
 }
 
-// Reads `chunks` (file offset, destination, length) of `fd` with pread, `threads` at a time:
-// a cold file's pages come faster from large reads several in flight than from a mapping's
-// page faults. Throws SerializationError naming `file` and the offset of a failed read.
-struct ReadChunk {
-  uint64_t offset = 0;
-  uint8_t* to = nullptr;
-  uint64_t length = 0;
-};
-void read_chunks(int fd, const std::string& file, const std::vector<ReadChunk>& chunks,
-                 int threads) {
-  std::atomic<size_t> next{0};
-  std::mutex mutex;
-  std::optional<ser::SerializationError> error;
-  auto work = [&] {
-    for (size_t i = next++; i < chunks.size(); i = next++) {
-      const ReadChunk& c = chunks[i];
-      for (uint64_t done = 0; done < c.length;) {
-        const ssize_t got = ::pread(fd, c.to + done, static_cast<size_t>(c.length - done),
-                                    static_cast<off_t>(c.offset + done));
-        if (got > 0) {
-          done += static_cast<uint64_t>(got);
-          continue;
-        }
-        if (got < 0 && errno == EINTR) continue;
-        std::lock_guard<std::mutex> lock(mutex);
-        if (!error) {
-          error.emplace(file, c.offset + done,
-                        got == 0 ? std::string("read failed: the file ends early")
-                                 : std::string("read failed: ") + std::strerror(errno));
-        }
-        next = chunks.size();  // the others stop too
-        return;
-      }
-    }
-  };
-  std::vector<std::future<void>> helpers;
-  for (int t = 1; t < threads; ++t) helpers.push_back(std::async(std::launch::async, work));
-  work();
-  for (auto& h : helpers) h.get();
-  if (error) throw *error;
-}
-
 // Fills partition array `state` from the archive's unit tensors, sub-group by sub-group. The
-// next sub-group is read from the file on other threads (large preads, four in flight) while
-// this one is written to the swapper, so a load runs at the slower of reading and writing
-// rather than their sum. Each record's CRC-32 is checked as its bytes go by: a record that
-// fails it stops the load with an error naming the file, the record and its offset (the
-// sub-groups before it are restored by then, so the engine's states are partly the
+// next sub-group is read from `file` through `io` (the run's aio settings: O_DIRECT, several
+// requests in flight; a cold file's pages come much faster so than through the mapping's
+// page faults) on another thread while this one is written to the swapper, so a load runs at
+// the slower of reading and writing rather than their sum. Each record's CRC-32 is checked as its
+// bytes go by: a record that fails it stops the load with an error naming the file, the record and
+// its offset (the sub-groups before it are restored by then, so the engine's states are partly the
 // checkpoint's: load another before training on).
 void stream_in(offload::OptimizerSwapper& sw, OptimizerState state,
                const zero::PartitionLayout& layout, const std::vector<Unit>& units,
                const std::vector<const ser::TensorRef*>& refs, const ser::TorchArchive& archive,
-               const std::string& file, int fd, AlignedFloats (&buffers)[2]) {
+               const std::string& file, aio::AioHandle& io, AlignedFloats (&buffers)[2]) {
   std::vector<ser::TorchArchive::StorageRecord> records(units.size());
   for (size_t u = 0; u < units.size(); ++u) {
     records[u] = archive.storage_record(refs[u]->storage);
   }
   const auto& groups = layout.sub_groups();
-  constexpr uint64_t kChunk = uint64_t{16} << 20;
   uint32_t crc = 0;  // of the current unit's bytes so far
   auto gather = [&](size_t g) {
     float* b = buffers[g % 2].resize(groups[g].numel);
-    std::vector<ReadChunk> chunks;
     for_each_piece(groups[g], units, [&](size_t u, uint64_t pos, uint64_t n) {
-      auto* to = reinterpret_cast<uint8_t*>(b + (pos - groups[g].offset));
-      const uint64_t at = records[u].data_offset + (pos - units[u].offset) * sizeof(float);
-      for (uint64_t done = 0; done < n * sizeof(float); done += kChunk) {
-        chunks.push_back({at + done, to + done, std::min(kChunk, n * sizeof(float) - done)});
-      }
+      (void)io.async_pread(b + (pos - groups[g].offset), n * sizeof(float), file,
+                           records[u].data_offset + (pos - units[u].offset) * sizeof(float));
     });
-    read_chunks(fd, file, chunks, 4);
+    io.wait();
     for_each_piece(groups[g], units, [&](size_t u, uint64_t pos, uint64_t n) {
       const float* got = b + (pos - groups[g].offset);
       crc = ser::crc32_update(
@@ -1405,20 +1359,11 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
   // ---- restore ----------------------------------------------------------------------------------
   AlignedFloats buffers[2];
   const std::string& archive_file = stage == 0 ? model_file : optim_file;
-  const int fd = ::open(archive_file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    throw ser::SerializationError(archive_file, ser::kNoOffset,
-                                  std::string("cannot open: ") + std::strerror(errno));
-  }
-  const struct CloseFd {
-    int fd;
-    ~CloseFd() { ::close(fd); }
-  } close_fd{fd};
-  (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);  // advice only
-  stream_in(sw, OptimizerState::kParams, layout, units, refs[0], archive, archive_file, fd,
+  aio::AioHandle io(options_.zero.aio);
+  stream_in(sw, OptimizerState::kParams, layout, units, refs[0], archive, archive_file, io,
             buffers);
   for (size_t a = 0; a < states.size(); ++a) {
-    stream_in(sw, states[a].state, layout, units, refs[1 + a], archive, archive_file, fd, buffers);
+    stream_in(sw, states[a].state, layout, units, refs[1 + a], archive, archive_file, io, buffers);
   }
   model_->refresh_from_master();
 
