@@ -89,9 +89,10 @@ std::string describe(const aio::AioConfig& c) {
                      c.overlap_events ? "overlapped" : "sequential");
 }
 
-// Runs `body`, turning the errors a user can cause into one line on stderr and exit code 1,
-// and SIGINT/SIGTERM into one line saying what was interrupted and exit code 128 + signal
-// (the body has drained its I/O and removed its temporary files on the way out).
+// Runs `body`, turning the errors a user can cause into one line on stderr and exit code 1
+// (2 for a job the target's filesystem has no room for: a usage error), and SIGINT/SIGTERM into one
+// line saying what was interrupted and exit code 128 + signal (the body has drained its I/O and
+// removed its temporary files on the way out).
 void guarded(int& exit_code, const std::function<void()>& body) {
   try {
     InterruptScope interrupts;
@@ -103,6 +104,9 @@ void guarded(int& exit_code, const std::function<void()>& body) {
   } catch (const aio::IoError& e) {
     fmt::print(stderr, "zinf: I/O error: {}\n", e.what());
     exit_code = 1;
+  } catch (const NotEnoughSpace& e) {
+    fmt::print(stderr, "zinf: {}\n", e.what());
+    exit_code = 2;
   } catch (const std::exception& e) {
     fmt::print(stderr, "zinf: {}\n", e.what());
     exit_code = 1;

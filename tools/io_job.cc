@@ -5,6 +5,7 @@
 #include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -140,6 +141,32 @@ void check_writable(const std::string& file, bool exists, const std::string& why
   }
   throw std::invalid_argument(fmt::format("{}: {}, but {} is not writable: {}", file, why,
                                           target.string(), std::strerror(errno)));
+}
+
+// The job writes `file` up to `size_bytes`: its filesystem must have room for what that adds
+// (a file that exists already holds `existing_bytes` of it). Checked with statvfs on the file,
+// or on its folder when it does not exist yet.
+uint64_t check_free_space(const std::string& file, bool exists, uint64_t existing_bytes,
+                          uint64_t size_bytes) {
+  const uint64_t grow = size_bytes > existing_bytes ? size_bytes - existing_bytes : 0;
+  if (grow == 0) return 0;
+  fs::path target = exists ? fs::path(file) : fs::path(file).parent_path();
+  if (target.empty()) target = ".";
+  struct statvfs vfs {};
+  if (::statvfs(target.c_str(), &vfs) != 0) {
+    throw std::invalid_argument(fmt::format("{}: cannot read the free space of {}: {}", file,
+                                            target.string(), std::strerror(errno)));
+  }
+  const uint64_t free_bytes =
+      static_cast<uint64_t>(vfs.f_bavail) * static_cast<uint64_t>(vfs.f_frsize);
+  if (grow > free_bytes) {
+    const auto gib = [](uint64_t bytes) { return static_cast<double>(bytes) / 0x1p30; };
+    throw NotEnoughSpace(fmt::format(
+        "{}: the job writes {} bytes ({:.2f} GiB) but its filesystem has {} bytes ({:.2f} GiB) "
+        "free; lower --size or give a folder on a drive with room",
+        file, grow, gib(grow), free_bytes, gib(free_bytes)));
+  }
+  return grow;
 }
 
 uint64_t physical_memory_bytes() {
@@ -298,6 +325,10 @@ IoPlan plan_io_job(const IoJob& job) {
       plan.prepare = true;
       check_writable(plan.file, exists, "--validate writes a test pattern into it");
     }
+  }
+
+  if ((job.write || plan.prepare) && plan.target != IoPlan::Target::kBlockDevice) {
+    plan.grow_bytes = check_free_space(plan.file, exists, plan.existing_bytes, job.size_bytes);
   }
 
   // The ring of pinned buffers.

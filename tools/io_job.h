@@ -16,6 +16,9 @@
 //    is and needs it at least `size` long; writing into it (a write job, or --validate which
 //    writes the pattern first) needs `overwrite`;
 //  - character devices (/dev/null, /dev/zero), FIFOs and sockets are refused.
+// Before a byte is written, the free space of the file's filesystem (statvfs f_bavail, what
+// df shows as available) must hold what the job adds to it: `size` less what an existing
+// file already holds (a block device adds nothing); otherwise NotEnoughSpace.
 //
 // Throughput is reported in GB/s with GB = 10^9 bytes (fio's "MB/s" convention) and in
 // GiB/s (2^30 bytes, DeepSpeed ds_io's convention). Not thread-safe; one job at a time per
@@ -24,6 +27,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -57,6 +61,14 @@ struct IoPlan {
   int ring_slots = 0;           // transfers in flight
   uint64_t ring_bytes = 0;      // pinned bytes of the ring (<= ring_slots x chunk_bytes)
   bool ring_holds_all = false;  // the whole size fits the ring: pattern work stays untimed
+  uint64_t grow_bytes = 0;      // bytes the job adds to the filesystem (checked against free)
+};
+
+// plan_io_job's error when the filesystem of the file has less free space than the job adds
+// to it: a usage error (`zinf io` exits 2), raised before any byte is written.
+class NotEnoughSpace : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
 };
 
 struct IoLoop {
@@ -79,7 +91,8 @@ struct IoJobResult {
 };
 
 // Checks the job and decides what it will do; touches nothing. Throws std::invalid_argument
-// naming the option or path for anything the job would refuse (see the header comment).
+// naming the option or path for anything the job would refuse (see the header comment), and
+// NotEnoughSpace naming the file, the bytes needed and the bytes free.
 [[nodiscard]] IoPlan plan_io_job(const IoJob& job);
 
 // Runs the job (plan_io_job first); calls `on_loop(index, loop)` after each loop. Throws

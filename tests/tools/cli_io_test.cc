@@ -1,8 +1,11 @@
-// `zinf io` as a user runs it: a huge --size streams through a bounded ring (no
-// std::bad_alloc), bad values are refused before the header, and a read on a read-only
-// filesystem does not try to open anything for writing.
+// `zinf io` as a user runs it: a --size the drive has no room for is refused before anything
+// is written, bad values are refused before the header, and a read on a read-only filesystem
+// does not try to open anything for writing.
 #include <gtest/gtest.h>
+#include <sys/statvfs.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -17,16 +20,37 @@ namespace {
 using zinf::testing::run_zinf;
 using zinf::testing::ZinfRun;
 
-TEST(CliIo, HugeSizeStreamsThroughABoundedRing) {
+// A size the drive cannot hold is refused before the header and before any byte is
+// written: exit 2 (a usage error), one line naming the file, the bytes needed and free.
+TEST(CliIo, SizeBeyondTheFreeSpaceIsRefusedBeforeWriting) {
+  zinf::testing::TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  struct statvfs vfs {};
+  ASSERT_EQ(::statvfs(dir.path().c_str(), &vfs), 0);
+  const uint64_t size = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize + (uint64_t{1} << 30);
+  for (const char* op : {"--write", "--read"}) {
+    ZinfRun run = run_zinf({"io", dir.path(), "--size", std::to_string(size), op, "--loops", "1",
+                            "--backend", "psync"});
+    EXPECT_EQ(run.exit_code, 2) << op << "\n" << run.out << run.err;
+    EXPECT_EQ(run.out, "") << op << ": a header was printed before the error";
+    EXPECT_NE(run.err.find(dir.file("zinf-io.dat")), std::string::npos) << run.err;
+    EXPECT_NE(run.err.find(std::to_string(size) + " bytes"), std::string::npos) << run.err;
+    EXPECT_NE(run.err.find("free"), std::string::npos) << run.err;
+    EXPECT_EQ(std::count(run.err.begin(), run.err.end(), '\n'), 1) << run.err;
+    EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << op << ": something was written";
+  }
+}
+
+// 8 TiB on a 4 MiB tmpfs: refused up front (no std::bad_alloc, no half-written file).
+TEST(CliIo, HugeSizeOnASmallFilesystemIsRefusedUpFront) {
   zinf::testing::TempDir dir;
   ASSERT_TRUE(dir.ok());
   zinf::testing::TmpfsMount mount(dir.path(), 4 << 20);
   if (!mount.ok()) GTEST_SKIP() << mount.why_not();
   ZinfRun run = run_zinf({"io", dir.path(), "--size", "8T", "--loops", "1", "--backend", "psync"});
-  EXPECT_EQ(run.exit_code, 1) << run.out << run.err;
+  EXPECT_EQ(run.exit_code, 2) << run.out << run.err;
   EXPECT_EQ(run.err.find("bad_alloc"), std::string::npos) << run.err;
-  EXPECT_NE(run.err.find("No space left on device"), std::string::npos) << run.err;
-  EXPECT_NE(run.out.find("pinned"), std::string::npos) << run.out;
+  EXPECT_NE(run.err.find("8796093022208 bytes"), std::string::npos) << run.err;
   EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "zinf-io.dat left behind";
 }
 
