@@ -5,7 +5,13 @@
 //
 //   if (is_child_rank()) GTEST_SKIP();    // only in tests that must not recurse
 //   RanksOptions o; o.world_size = 3; o.test = "GlooChild.DISABLED_Collectives";
-//   std::vector<RankResult> r = run_ranks(o);
+//   expect_ranks_passed(run_ranks(o));
+//
+// A rank's exit status alone does not say its test ran: GoogleTest exits 0 when the filter
+// matches no test (a renamed rank body), and so does a library call to exit(0) halfway through.
+// rank_passed() therefore also wants the "[       OK ] <test>" line of the very test the rank
+// was asked to run, and rank_failed() (for ranks a fault test expects to fail) its
+// "[  FAILED  ] <test>" line.
 //
 // A rank that is still running at the deadline is killed (SIGKILL) and reported with
 // timed_out = true; run_ranks never waits longer than the deadline (children are watched
@@ -86,6 +92,7 @@ struct RanksOptions {
 
 struct RankResult {
   int rank = -1;
+  std::string test;     // the test the rank was asked to run (RanksOptions::test)
   bool exited = false;  // exited normally (exit_code is valid)
   int exit_code = -1;
   int signal = 0;          // the signal that ended it, when !exited
@@ -93,13 +100,18 @@ struct RankResult {
   double seconds = 0;      // from start to exit
   std::string output;      // stdout and stderr
 
-  bool passed() const { return exited && exit_code == 0; }
+  // rank_passed(*this) without its reason; see there.
+  bool passed() const;
 };
 
-// "rank 1: exit 1 after 0.53 s" and the rank's output, for failure messages.
+// "rank 1 (Suite.Name): exit 1 after 0.53 s" and the rank's output, for failure messages.
 inline std::string describe(const RankResult& r) {
   std::ostringstream text;
-  text << "rank " << r.rank << ": ";
+  text << "rank " << r.rank;
+  if (!r.test.empty()) {
+    text << " (" << r.test << ")";
+  }
+  text << ": ";
   if (r.timed_out) {
     text << "killed at the deadline";
   } else if (r.exited) {
@@ -112,6 +124,128 @@ inline std::string describe(const RankResult& r) {
   return text.str();
 }
 
+// Whether `output` holds GoogleTest's result line `tag` ("[       OK ] ", "[  FAILED  ] ",
+// "[  SKIPPED ] ") for `test`: the name followed by " (" (the time) or the end of the line, so
+// that "Suite.Name" is not found in the line of "Suite.Name2".
+inline bool has_result_line(const std::string& output, const std::string& tag,
+                            const std::string& test) {
+  const std::string line = tag + test;
+  for (size_t at = output.find(line); at != std::string::npos; at = output.find(line, at + 1)) {
+    const size_t end = at + line.size();
+    if (end == output.size() || output[end] == '\n' || output.compare(end, 2, " (") == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Whether a rank may end its test with GTEST_SKIP and still count as passed.
+enum class SkipPolicy { kFails, kPasses };
+
+namespace multi_process_internal {
+
+inline constexpr const char* kOkTag = "[       OK ] ";
+inline constexpr const char* kFailedTag = "[  FAILED  ] ";
+inline constexpr const char* kSkippedTag = "[  SKIPPED ] ";
+
+// A reason for `r.test` naming no single test, or empty.
+inline std::string test_name_problem(const std::string& test) {
+  if (test.empty()) {
+    return "RanksOptions::test is empty";
+  }
+  if (test.find_first_of("*?:") != std::string::npos || test.find('.') == std::string::npos ||
+      test[0] == '-') {
+    return "RanksOptions::test \"" + test +
+           "\" is a pattern; it must name one test (\"Suite.Name\") for its result line";
+  }
+  return {};
+}
+
+// "rank 1 <why>" and describe(r), as a failed check.
+inline ::testing::AssertionResult rank_check_failed(const RankResult& r, const std::string& why) {
+  return ::testing::AssertionFailure() << "rank " << r.rank << " " << why << "\n" << describe(r);
+}
+
+// Why `r` did not exit normally, or empty.
+inline std::string abnormal_end(const RankResult& r) {
+  if (r.timed_out) {
+    return "was still running at the deadline";
+  }
+  if (!r.exited && r.signal == 0) {
+    return "was not started";
+  }
+  if (!r.exited) {
+    return "was killed by signal " + std::to_string(r.signal);
+  }
+  return {};
+}
+
+}  // namespace multi_process_internal
+
+// Success when rank `r` exited 0 and its output holds the "[       OK ] <r.test>" line (with
+// SkipPolicy::kPasses, a "[  SKIPPED ] <r.test>" line does too). Otherwise a failure that says
+// which of these did not hold (a rank that exited 0 without the line ran no test, or left it
+// early through exit(0)), followed by describe(r).
+[[nodiscard]] inline ::testing::AssertionResult rank_passed(const RankResult& r,
+                                                            SkipPolicy skip = SkipPolicy::kFails) {
+  namespace internal = multi_process_internal;
+  if (const std::string why = internal::test_name_problem(r.test); !why.empty()) {
+    return internal::rank_check_failed(r, why);
+  }
+  if (const std::string why = internal::abnormal_end(r); !why.empty()) {
+    return internal::rank_check_failed(r, why);
+  }
+  if (r.exit_code != 0) {
+    return internal::rank_check_failed(r, "exited " + std::to_string(r.exit_code));
+  }
+  if (has_result_line(r.output, internal::kOkTag, r.test)) {
+    return ::testing::AssertionSuccess();
+  }
+  if (has_result_line(r.output, internal::kSkippedTag, r.test)) {
+    if (skip == SkipPolicy::kPasses) {
+      return ::testing::AssertionSuccess();
+    }
+    return internal::rank_check_failed(r, "skipped " + r.test);
+  }
+  return internal::rank_check_failed(
+      r, std::string("exited 0 without a \"") + internal::kOkTag + r.test +
+             "\" line: no test matched the filter, or the test did not finish");
+}
+
+// Success when rank `r` ran its test to a GoogleTest failure: it exited (not killed, not at the
+// deadline) with a non-zero status and its output holds the "[  FAILED  ] <r.test>" line. For
+// fault tests whose surviving ranks are expected to fail their test; a rank that crashed or
+// never ran the test is a failure of this check, followed by describe(r).
+[[nodiscard]] inline ::testing::AssertionResult rank_failed(const RankResult& r) {
+  namespace internal = multi_process_internal;
+  if (const std::string why = internal::test_name_problem(r.test); !why.empty()) {
+    return internal::rank_check_failed(r, why);
+  }
+  if (const std::string why = internal::abnormal_end(r); !why.empty()) {
+    return internal::rank_check_failed(r, why + " instead of failing " + r.test);
+  }
+  if (r.exit_code == 0) {
+    return internal::rank_check_failed(r, "exited 0; expected " + r.test + " to fail");
+  }
+  if (has_result_line(r.output, internal::kFailedTag, r.test)) {
+    return ::testing::AssertionSuccess();
+  }
+  return internal::rank_check_failed(r, "exited " + std::to_string(r.exit_code) + " without a \"" +
+                                            internal::kFailedTag + r.test +
+                                            "\" line: it did not run the test to its end");
+}
+
+inline bool RankResult::passed() const { return static_cast<bool>(rank_passed(*this)); }
+
+// EXPECT_TRUE(rank_passed(r, skip)) for every rank, and at least one rank.
+inline void expect_ranks_passed(const std::vector<RankResult>& results,
+                                SkipPolicy skip = SkipPolicy::kFails) {
+  EXPECT_FALSE(results.empty()) << "no ranks";
+  for (const RankResult& r : results) {
+    EXPECT_TRUE(rank_passed(r, skip));
+  }
+}
+
 inline std::vector<RankResult> run_ranks(const RanksOptions& options) {
   using Clock = std::chrono::steady_clock;
   std::vector<int> ranks = options.ranks;
@@ -121,6 +255,10 @@ inline std::vector<RankResult> run_ranks(const RanksOptions& options) {
     }
   }
   std::vector<RankResult> results(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    results[i].rank = ranks[i];
+    results[i].test = options.test;
+  }
   TempDir dir;
   if (!dir.ok()) {
     return results;
@@ -163,7 +301,6 @@ inline std::vector<RankResult> run_ranks(const RanksOptions& options) {
   std::vector<pid_t> pids(ranks.size(), -1);
   std::vector<int> pidfds(ranks.size(), -1);
   for (size_t i = 0; i < ranks.size(); ++i) {
-    results[i].rank = ranks[i];
     std::vector<std::string> env = base;
     env.push_back("RANK=" + std::to_string(ranks[i]));
     env.push_back("LOCAL_RANK=" + std::to_string(ranks[i]));
