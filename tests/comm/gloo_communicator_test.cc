@@ -207,10 +207,7 @@ void run_collectives(int world, const std::string& backend, const std::string& a
   o.env = {{"ZINF_TEST_SEED", std::to_string(seed)},
            {"ZINF_TEST_BACKEND", backend},
            {"ZINF_TEST_ALGO", algo}};
-  const std::vector<testing::RankResult> results = testing::run_ranks(o);
-  for (const testing::RankResult& r : results) {
-    EXPECT_TRUE(r.passed()) << testing::describe(r);
-  }
+  testing::expect_ranks_passed(testing::run_ranks(o));
 }
 
 TEST(GlooCommunicator, CollectivesTwoRanksRing) { run_collectives(2, "gloo", "ring"); }
@@ -241,9 +238,7 @@ void run_killed(int world, int victim, const std::string& op) {
       EXPECT_EQ(r.signal, SIGKILL);
       continue;
     }
-    EXPECT_FALSE(r.timed_out);
-    EXPECT_TRUE(r.exited);
-    EXPECT_NE(r.exit_code, 0);
+    EXPECT_TRUE(testing::rank_failed(r));
     EXPECT_NE(r.output.find("COMM_ERROR[zinf comm: " + op + " on rank " + std::to_string(r.rank)),
               std::string::npos);
     // The victim is named; rank 0 serves the store, so its death shows as the store going.
@@ -280,9 +275,7 @@ void run_missing(int world, const std::vector<int>& started, const std::string& 
     if (std::getenv("ZINF_TEST_VERBOSE") != nullptr) {
       std::cout << testing::describe(r);
     }
-    EXPECT_FALSE(r.timed_out);
-    EXPECT_TRUE(r.exited);
-    EXPECT_NE(r.exit_code, 0);
+    EXPECT_TRUE(testing::rank_failed(r));
     EXPECT_NE(r.output.find("COMM_ERROR[zinf comm: rendezvous on rank " + std::to_string(r.rank)),
               std::string::npos);
     EXPECT_NE(r.output.find(expected), std::string::npos);
@@ -314,7 +307,7 @@ TEST(GlooBench, DISABLED_Algorithms) {
     o.deadline = std::chrono::seconds(300);
     const std::vector<testing::RankResult> results = testing::run_ranks(o);
     for (const testing::RankResult& r : results) {
-      EXPECT_TRUE(r.passed()) << testing::describe(r);
+      EXPECT_TRUE(testing::rank_passed(r));
       if (r.rank == 0) {
         std::cout << r.output;
       }

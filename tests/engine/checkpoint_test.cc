@@ -266,7 +266,7 @@ TEST(CheckpointGloo, TwoRanksAtStage3ResumeWithTheSameLosses) {
     ro.env = {{"ZINF_TEST_CKPT_DIR", dir.path()}, {"ZINF_TEST_CKPT_PHASE", phase}};
     ro.deadline = std::chrono::milliseconds(120'000);
     for (const auto& r : ::zinf::testing::run_ranks(ro)) {
-      ASSERT_TRUE(r.passed()) << phase << ": " << ::zinf::testing::describe(r);
+      ASSERT_TRUE(::zinf::testing::rank_passed(r)) << phase;
     }
   }
   EXPECT_TRUE(fs::exists(fs::path(dir.path()) / "global_step3" /
@@ -375,7 +375,7 @@ TEST(CheckpointKill, AKilledSaveLeavesLatestLoadableAndThePreviousIntact) {
       ASSERT_EQ(r.signal, SIGKILL) << ::zinf::testing::describe(r);
       ++killed;
     } else {
-      ASSERT_TRUE(r.passed()) << ::zinf::testing::describe(r);
+      ASSERT_TRUE(::zinf::testing::rank_passed(r));
     }
     // `latest` names a complete checkpoint: it loads.
     std::string now;
@@ -643,9 +643,7 @@ TEST(CheckpointRefusal, AnotherWorldSizeIsRefused) {
   ro.world_size = 2;
   ro.test = "CheckpointRefusal.DISABLED_WorldSizeRank";
   ro.env = {{"ZINF_TEST_CKPT_DIR", dir.path()}};
-  for (const auto& r : ::zinf::testing::run_ranks(ro)) {
-    EXPECT_TRUE(r.passed()) << ::zinf::testing::describe(r);
-  }
+  ::zinf::testing::expect_ranks_passed(::zinf::testing::run_ranks(ro));
 }
 
 TEST(CheckpointRefusal, ATruncatedOptimizerFileIsNamed) {

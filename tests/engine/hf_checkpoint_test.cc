@@ -222,12 +222,7 @@ TEST(HfCheckpoint, TwoRanksLoadTheirPartitions) {
   o.test = "HfCheckpointRank.DISABLED_LoadAndCompare";
   o.deadline = std::chrono::seconds(60);
   o.env = {{"ZINF_TEST_HF_DIR", dir.file("hf")}, {"OMP_NUM_THREADS", "1"}};
-  for (const ::zinf::testing::RankResult& r : ::zinf::testing::run_ranks(o)) {
-    EXPECT_TRUE(r.passed()) << ::zinf::testing::describe(r);
-    EXPECT_NE(r.output.find("[       OK ] HfCheckpointRank.DISABLED_LoadAndCompare"),
-              std::string::npos)
-        << ::zinf::testing::describe(r);
-  }
+  ::zinf::testing::expect_ranks_passed(::zinf::testing::run_ranks(o));
 }
 
 // ---- bad folders ---------------------------------------------------------------------------
