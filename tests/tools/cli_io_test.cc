@@ -2,10 +2,13 @@
 // is written, bad values are refused before the header, and a read on a read-only filesystem
 // does not try to open anything for writing.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -20,11 +23,38 @@ namespace {
 using zinf::testing::run_zinf;
 using zinf::testing::ZinfRun;
 
+// A file-size limit (RLIMIT_FSIZE, soft) for the children started while it lives: a job that
+// should have been refused for want of space is stopped (SIGXFSZ) at `bytes` instead of
+// filling the drive.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    ok_ = ::getrlimit(RLIMIT_FSIZE, &old_) == 0;
+    rlimit limit = old_;
+    limit.rlim_cur = std::min(bytes, old_.rlim_max);
+    ok_ = ok_ && ::setrlimit(RLIMIT_FSIZE, &limit) == 0;
+  }
+  ~FileSizeLimit() {
+    if (ok_) ::setrlimit(RLIMIT_FSIZE, &old_);
+  }
+  FileSizeLimit(const FileSizeLimit&) = delete;
+  FileSizeLimit& operator=(const FileSizeLimit&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  rlimit old_{};
+  bool ok_ = false;
+};
+
 // A size the drive cannot hold is refused before the header and before any byte is
 // written: exit 2 (a usage error), one line naming the file, the bytes needed and free.
+// Without the check the job would fill the temp folder's drive: a 64 MiB file-size limit
+// stops it first.
 TEST(CliIo, SizeBeyondTheFreeSpaceIsRefusedBeforeWriting) {
   zinf::testing::TempDir dir;
   ASSERT_TRUE(dir.ok());
+  const FileSizeLimit limit(64 << 20);
+  ASSERT_TRUE(limit.ok()) << std::strerror(errno);
   struct statvfs vfs {};
   ASSERT_EQ(::statvfs(dir.path().c_str(), &vfs), 0);
   const uint64_t size = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize + (uint64_t{1} << 30);

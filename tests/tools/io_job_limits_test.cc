@@ -39,7 +39,9 @@ uint64_t free_bytes(const std::string& folder) {
 
 // What a job adds to the filesystem is checked against its free space before any I/O: 1 GiB
 // more than the temp folder's free space is refused (write, and a read that writes its data
-// first), naming the file and both byte counts; an existing file's bytes count as room.
+// first), naming the file and both byte counts; an existing file's bytes count as room. Only
+// planned here (no job runs: without the check it would fill the drive); cli_io_test runs
+// one under a file-size limit.
 TEST(IoJobLimits, SizeBeyondTheFreeSpaceIsRefusedBeforeAnyWrite) {
   zinf::testing::TempDir dir;
   ASSERT_TRUE(dir.ok());
@@ -59,11 +61,6 @@ TEST(IoJobLimits, SizeBeyondTheFreeSpaceIsRefusedBeforeAnyWrite) {
       EXPECT_NE(what.find(dir.file("zinf-io.dat")), std::string::npos) << what;
       EXPECT_NE(what.find(std::to_string(size) + " bytes"), std::string::npos) << what;
       EXPECT_NE(what.find("free"), std::string::npos) << what;
-    }
-    try {
-      (void)run_io_job(j);
-      ADD_FAILURE() << "the job ran";
-    } catch (const NotEnoughSpace&) {
     }
     EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
   }
