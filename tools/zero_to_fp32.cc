@@ -6,9 +6,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "engine/consolidate/checkpoint_plan.h"
 #include "engine/consolidate/consolidate_writer.h"
@@ -89,9 +92,21 @@ void run_zero_to_fp32(const ZeroToFp32Options& options) {
                       ? options.threads
                       : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1U, 8U));
 
+  // Before the checkpoint is read: an earlier export needs --overwrite (write_consolidated
+  // checks again, just before it writes).
+  if (!options.overwrite) {
+    std::vector<std::string> earlier = consolidate::earlier_export_files(options.output_dir);
+    if (!earlier.empty()) {
+      throw consolidate::EarlierExportError(options.output_dir, std::move(earlier));
+    }
+  }
+
   consolidate::PlanOptions plan_options;
   plan_options.tag = options.tag;
   plan_options.exclude_frozen = options.exclude_frozen;
+  plan_options.verify_crc = options.verify;
+  write.verify_crc = options.verify;
+  write.overwrite = options.overwrite;
   const consolidate::CheckpointPlan plan =
       consolidate::read_checkpoint_plan(options.checkpoint_dir, plan_options);
   if (!options.quiet) {
@@ -106,6 +121,13 @@ void run_zero_to_fp32(const ZeroToFp32Options& options) {
   const consolidate::WriteSummary summary =
       consolidate::write_consolidated(plan, options.output_dir, write);
   progress.finish();
+  // Said even with --quiet: files of the user's folder went.
+  for (const std::string& path : summary.replaced) {
+    fmt::print("replaced {} (an earlier export's file, --overwrite)\n", path);
+  }
+  for (const std::string& path : summary.removed) {
+    fmt::print("removed {} (an earlier export's file, --overwrite)\n", path);
+  }
 
   const double seconds = seconds_since(start);
   if (!options.quiet) {
@@ -113,11 +135,14 @@ void run_zero_to_fp32(const ZeroToFp32Options& options) {
     for (const std::string& file : summary.files) files += (files.empty() ? "" : ", ") + file;
     fmt::print(
         "wrote {} tensors ({} params, {} aliases) as {}: {} in {:.2f} s ({:.2f} GB/s; "
-        "{:.2f} s of it completing the files: fsync), peak RSS {:.1f} MiB\n  {}: {}\n",
+        "{:.2f} s of it completing the files: fsync), peak RSS {:.1f} MiB; {}\n  {}: {}\n",
         summary.tensors, summary.elements, summary.aliases, options.dtype,
         format_bytes(summary.data_bytes), seconds,
         seconds > 0 ? static_cast<double>(summary.data_bytes) / seconds / 1e9 : 0.0,
         summary.finish_seconds, static_cast<double>(peak_rss_bytes()) / (1 << 20),
+        options.verify ? fmt::format("CRC-32 of {} checkpoint records checked",
+                                     summary.verified_records + plan.files.size())
+                       : std::string("CRC-32s not checked (--no-verify)"),
         options.output_dir, files);
   }
 }
@@ -147,10 +172,26 @@ void add_zero_to_fp32_command(CLI::App& app, int& exit_code) {
                   "Output bytes per work item; threads + 2 of them are in memory")
       ->capture_default_str();
   cmd->add_flag("-q,--quiet", o->quiet, "No progress bar or summary");
+  cmd->add_flag("--overwrite", o->overwrite,
+                "Replace an earlier export in output_dir: its files are replaced or removed (each "
+                "named) once the new export is complete; other files are never touched");
+  cmd->add_flag("--no-verify{false}", o->verify,
+                "Skip the CRC-32 check of the checkpoint records read (on by default)");
   cmd->callback([o, &exit_code] {
     try {
       run_zero_to_fp32(*o);
       exit_code = 0;
+    } catch (const consolidate::EarlierExportError& e) {
+      std::string names;
+      for (const std::string& path : e.files()) {
+        names += (names.empty() ? "" : ", ") + std::filesystem::path(path).filename().string();
+      }
+      fmt::print(stderr,
+                 "zinf zero-to-fp32: {}: an earlier export is in the output folder ({}); pass "
+                 "--overwrite to replace it (its files go once the new export is complete), or "
+                 "choose another folder\n",
+                 e.files().front(), names);
+      exit_code = 2;
     } catch (const std::exception& e) {
       fmt::print(stderr, "zinf zero-to-fp32: {}\n", e.what());
       exit_code = 1;

@@ -20,13 +20,17 @@ struct ZeroToFp32Options {
   int threads = 0;                  // 0: min(hardware threads, 8)
   std::string chunk_size = "8MiB";  // output bytes gathered per work item
   bool quiet = false;
+  bool overwrite = false;  // replace an earlier export in output_dir (else refuse it)
+  bool verify = true;      // check the CRC-32 of every checkpoint record read
 };
 
 // Runs the conversion, printing progress and the summary; throws on any error (see
 // engine/consolidate/checkpoint_plan.h and consolidate_writer.h).
 void run_zero_to_fp32(const ZeroToFp32Options& options);
 
-// Registers the subcommand; its callback sets exit_code (0, or 1 with one line on stderr).
+// Registers the subcommand; its callback sets exit_code (0; 2 with one line on stderr for an
+// earlier export in the output folder without --overwrite; 1 with one line for any other
+// error).
 void add_zero_to_fp32_command(CLI::App& app, int& exit_code);
 
 }  // namespace zinf::tools

@@ -13,6 +13,7 @@
 
 #include "engine/consolidate/element_convert.h"
 #include "engine/serialization/serialization_error.h"
+#include "engine/serialization/zip_reader.h"
 
 namespace zinf::consolidate {
 
@@ -56,6 +57,13 @@ std::optional<std::pair<int, int>> zero_file_ranks(std::string_view s, std::stri
 
 [[noreturn]] void fail(const std::string& file, const std::string& what) {
   throw SerializationError(file, kNoOffset, what);
+}
+
+std::string hex32(uint32_t value) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string text(8, '0');
+  for (int i = 7; i >= 0; --i, value >>= 4) text[static_cast<size_t>(i)] = kDigits[value & 15];
+  return text;
 }
 
 std::string name_of(const PickleValue& key, const std::string& file) {
@@ -137,7 +145,7 @@ class FlatCursor {
       const uint64_t skip = offset - start_;
       const uint64_t take = std::min(count, segment.numel - skip);
       const uint64_t element = serialization::dtype_size_bytes(segment.dtype);
-      out.push_back(Piece{segment.data + skip * element, segment.dtype, take});
+      out.push_back(Piece{segment.data + skip * element, segment.dtype, take, segment.record});
       offset += take;
       count -= take;
     }
@@ -173,6 +181,50 @@ int read_zero_stage(const PickleValue& value, const std::string& file) {
                  std::string(value.kind_name()) + ")");
 }
 
+// The ZeRO stage a model-states file says it was saved with: zinf's `zinf.zero_stage`, else
+// DeepSpeed's `ds_config.zero_optimization.stage`; nullopt when it says neither.
+std::optional<int> saved_stage(const PickleValue& root) {
+  const auto int_at = [](const PickleValue* dict, std::string_view key) -> const PickleValue* {
+    if (dict == nullptr ||
+        (!dict->is(PickleValue::Kind::kDict) && !dict->is(PickleValue::Kind::kOrderedDict))) {
+      return nullptr;
+    }
+    const PickleValue* value = dict->find(key);
+    return value != nullptr && value->is(PickleValue::Kind::kInt) ? value : nullptr;
+  };
+  if (const PickleValue* stage = int_at(root.find("zinf"), "zero_stage")) {
+    return static_cast<int>(stage->as_int());
+  }
+  const PickleValue* config = root.find("ds_config");
+  if (config != nullptr &&
+      (config->is(PickleValue::Kind::kDict) || config->is(PickleValue::Kind::kOrderedDict))) {
+    if (const PickleValue* stage = int_at(config->find("zero_optimization"), "stage")) {
+      return static_cast<int>(stage->as_int());
+    }
+  }
+  return std::nullopt;
+}
+
+// Checks the CRC-32 of `path`'s pickle record (`<top>/data.pkl`) before it is decoded: a
+// flipped byte there could rename or reshape a tensor without breaking the pickle.
+void verify_pickle_crc(const std::string& path) {
+  const serialization::ZipReader zip = serialization::ZipReader::open(path);
+  for (const serialization::ZipEntry& entry : zip.entries()) {
+    const size_t slash = entry.name.find('/');
+    if (slash == std::string::npos ||
+        std::string_view(entry.name).substr(slash + 1) != "data.pkl") {
+      continue;
+    }
+    const uint32_t crc = serialization::crc32_update(0, zip.data(entry));
+    if (crc != entry.crc32) {
+      throw SerializationError(path, entry.data_offset,
+                               "record " + entry.name + " fails its CRC-32 (recorded " +
+                                   hex32(entry.crc32) + ", data " + hex32(crc) +
+                                   "): the file is corrupt");
+    }
+  }
+}
+
 class PlanBuilder {
  public:
   PlanBuilder(CheckpointPlan& plan, const PlanOptions& options) : plan_(plan), options_(options) {}
@@ -185,6 +237,10 @@ class PlanBuilder {
       fail(plan_.tag_dir, "no such checkpoint folder (tag '" + plan_.tag + "')");
     }
     list_files();
+    if (optim_paths_.empty() && !model3_paths_.empty()) {
+      // Stage-3 model-states files hold no weights: the optimizer files are the checkpoint.
+      fail_missing_optim(0, model3_paths_.rbegin()->first + 1, 3);
+    }
     if (optim_paths_.empty()) {
       build_stage0();
     } else {
@@ -200,9 +256,44 @@ class PlanBuilder {
 
  private:
   Opened open(const std::string& path) {
+    if (options_.verify_crc) verify_pickle_crc(path);
     plan_.archives.push_back(std::make_unique<TorchArchive>(TorchArchive::open(path)));
     plan_.files.push_back(path);
     return Opened{plan_.archives.back().get(), path};
+  }
+
+  // tensor_piece(), with the piece's storage record registered in plan_.records.
+  Piece piece_of(const Opened& file, const PickleValue& value, const std::string& what) {
+    Piece piece = tensor_piece(file, value, what);
+    const serialization::TorchArchive::StorageRecord record =
+        file.archive->storage_record(value.tensor().storage);
+    const auto [it, added] =
+        record_index_.try_emplace(file.path + '\0' + record.name, plan_.records.size());
+    if (added) {
+      plan_.records.push_back(
+          SourceRecord{file.path, record.name, record.data_offset, record.bytes, record.crc32});
+    }
+    piece.record = it->second;
+    return piece;
+  }
+
+  // The optimizer files of ranks [first, last) are missing from a checkpoint whose model
+  // states say ZeRO stage `stage`: the error names them (the first as the file), since the
+  // fp32 weights live in them. `why`: how the missing ranks were found, when not from the
+  // model states.
+  [[noreturn]] void fail_missing_optim(int first, int last, int stage,
+                                       const std::string& why = "") const {
+    const auto name = [this](int rank) {
+      return prefix_ + "zero_pp_rank_" + std::to_string(rank) + "_mp_rank_00_optim_states.pt";
+    };
+    std::string names = name(first);
+    if (last - first == 2) names += " and " + name(last - 1);
+    if (last - first > 2) names += " ... " + name(last - 1);
+    fail(expected_path(name(first)),
+         std::string("missing: the optimizer file") + (last - first > 1 ? "s " : " ") + names +
+             " of this ZeRO stage-" + std::to_string(stage) + " checkpoint (" +
+             std::to_string(last - first) + " of " + std::to_string(std::max(last, 1)) +
+             " ranks), which hold its fp32 weights" + (why.empty() ? "" : " (" + why + ")"));
   }
 
   void list_files() {
@@ -289,12 +380,21 @@ class PlanBuilder {
       } else {
         for (const int64_t c : count->as_int_list()) partitions = std::max(partitions, c);
       }
+      if (partitions > plan_.world_size && partitions <= (1 << 16)) {
+        fail_missing_optim(plan_.world_size, static_cast<int>(partitions), plan_.stage,
+                           fs::path(file.path).filename().string() + ": partition_count says " +
+                               std::to_string(partitions) + " ranks but " +
+                               std::to_string(plan_.world_size) + " optimizer files were found");
+      }
       if (partitions != plan_.world_size) {
         fail(file.path, "partition_count says " + std::to_string(partitions) + " ranks but " +
                             std::to_string(plan_.world_size) + " optimizer files were found");
       }
     }
     if (plan_.stage == 3) {
+      if (!model3_paths_.empty() && model3_paths_.rbegin()->first >= plan_.world_size) {
+        fail_missing_optim(plan_.world_size, model3_paths_.rbegin()->first + 1, 3);
+      }
       for (int rank = 0; rank < plan_.world_size; ++rank) {
         const auto it = model3_paths_.find(rank);
         if (it == model3_paths_.end()) {
@@ -340,7 +440,7 @@ class PlanBuilder {
       tensor.role = TensorRole::kBuffer;
       tensor.shape = entry.value->is(PickleValue::Kind::kTensor) ? entry.value->tensor().shape
                                                                  : std::vector<int64_t>{};
-      tensor.pieces.push_back(tensor_piece(model, *entry.value, "module['" + name + "']"));
+      tensor.pieces.push_back(piece_of(model, *entry.value, "module['" + name + "']"));
       tensor.numel = tensor.pieces.back().numel;
       taken_.insert(name);
       plan_.tensors.push_back(std::move(tensor));
@@ -395,7 +495,7 @@ class PlanBuilder {
       tensor.role = role;
       tensor.shape = entry.value->is(PickleValue::Kind::kTensor) ? entry.value->tensor().shape
                                                                  : std::vector<int64_t>{};
-      tensor.pieces.push_back(tensor_piece(model, *entry.value, "module['" + name + "']"));
+      tensor.pieces.push_back(piece_of(model, *entry.value, "module['" + name + "']"));
       tensor.numel = tensor.pieces.back().numel;
       push(std::move(tensor));
     }
@@ -421,7 +521,7 @@ class PlanBuilder {
         if (fragment == nullptr) {
           fail(model.path, "frozen_param_fragments has no entry for frozen param '" + name + "'");
         }
-        Piece piece = tensor_piece(model, *fragment, "frozen_param_fragments['" + name + "']");
+        Piece piece = piece_of(model, *fragment, "frozen_param_fragments['" + name + "']");
         if (piece.numel != slice) {
           fail(model.path,
                "frozen_param_fragments['" + name + "'] holds " + std::to_string(piece.numel) +
@@ -448,7 +548,7 @@ class PlanBuilder {
     size_t index = 0;
     for (const PickleValue* item : list.items()) {
       const std::string what = std::string(key) + "[" + std::to_string(index++) + "]";
-      pieces.push_back(tensor_piece(file, *item, what));
+      pieces.push_back(piece_of(file, *item, what));
       if (pieces.back().dtype != TensorDType::kFloat32) {
         fail(file.path,
              what + " is " + std::string(dtype_name(pieces.back().dtype)) + ", expected float32");
@@ -474,6 +574,17 @@ class PlanBuilder {
     models_.push_back(open(model_path_));
     if (models_[0].archive->root().find("buffer_names") == nullptr) {
       fail(model_path_, "not a model-states file: no 'buffer_names' key");
+    }
+    // Stages 1-2 keep only 16-bit weights in the model states: without the optimizer files
+    // the export would be those, not the fp32 master weights.
+    if (const std::optional<int> stage = saved_stage(models_[0].archive->root());
+        stage && *stage >= 1) {
+      const PickleValue* ranks = models_[0].archive->root().find("dp_world_size");
+      const int world = ranks != nullptr && ranks->is(PickleValue::Kind::kInt) &&
+                                ranks->as_int() >= 1 && ranks->as_int() < (1 << 20)
+                            ? static_cast<int>(ranks->as_int())
+                            : 1;
+      fail_missing_optim(0, world, *stage);
     }
     plan_.stage = 0;
     plan_.notes.push_back(
@@ -600,6 +711,7 @@ class PlanBuilder {
   std::map<std::string, std::string> shared_;
   std::vector<std::string> alias_order_;
   std::set<std::string> taken_;
+  std::map<std::string, size_t> record_index_;  // file + '\0' + record -> plan_.records index
 };
 
 }  // namespace

@@ -17,9 +17,15 @@
 // Output order: buffers (module order), frozen params, trainable params, then aliases.
 // Model parallelism (mp_rank other than 00) is refused.
 //
+// Integrity: every piece names the storage record it lies in (CheckpointPlan::records, with the
+// CRC-32 the zip recorded), so the writer can check each record's CRC as its bytes stream by
+// (WriteOptions::verify_crc); with PlanOptions::verify_crc the pickle record of every file
+// read is checked before it is decoded.
+//
 // Errors: SerializationError naming the file and what is wrong (missing `latest`, tag folder,
-// model or optimizer file of a rank; keys missing or of the wrong kind; partition sizes that
-// do not add up; storages shorter than their tensors), thrown by read_checkpoint_plan().
+// model or optimizer file of a rank, named by the file that is missing; keys missing or of the
+// wrong kind; partition sizes that do not add up; storages shorter than their tensors; a pickle
+// record that fails its CRC-32), thrown by read_checkpoint_plan().
 //
 // Thread safety: a plan is immutable after read_checkpoint_plan() returns; its pieces may be
 // read from any number of threads.
@@ -27,6 +33,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -34,11 +41,25 @@
 
 namespace zinf::consolidate {
 
-// A run of `numel` elements of `dtype` at `data` (inside a mapped archive of the plan).
+// A piece that lies in no recorded storage record (not checked).
+inline constexpr size_t kNoRecord = static_cast<size_t>(-1);
+
+// A run of `numel` elements of `dtype` at `data` (inside a mapped archive of the plan), in
+// the storage record plan.records[record].
 struct Piece {
   const uint8_t* data = nullptr;
   serialization::TensorDType dtype = serialization::TensorDType::kFloat32;
   uint64_t numel = 0;
+  size_t record = kNoRecord;
+};
+
+// A storage record of a checkpoint file that pieces lie in.
+struct SourceRecord {
+  std::string file;                // the checkpoint file
+  std::string name;                // the record ("archive/data/3")
+  uint64_t data_offset = 0;        // of the record's first byte in the file
+  std::span<const uint8_t> bytes;  // the whole record, in the plan's mapping
+  uint32_t crc32 = 0;              // as the zip's central directory records it
 };
 
 enum class TensorRole { kBuffer, kFrozen, kTrainable };
@@ -59,6 +80,7 @@ struct Alias {
 struct PlanOptions {
   std::string tag;  // empty: read `latest`
   bool exclude_frozen = false;
+  bool verify_crc = true;  // check each file's pickle record against its CRC-32 before decoding
 };
 
 class CheckpointPlan {
@@ -78,6 +100,7 @@ class CheckpointPlan {
   std::vector<Alias> aliases;          // targets are names in `tensors`
   std::vector<std::string> notes;      // what a user should know (stage 0 weights, ...)
   std::vector<std::string> files;      // the checkpoint files the plan reads
+  std::vector<SourceRecord> records;   // the storage records the pieces lie in
   // The mapped archives the pieces point into.
   std::vector<std::unique_ptr<serialization::TorchArchive>> archives;
 };

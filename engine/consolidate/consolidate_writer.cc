@@ -1,19 +1,24 @@
 #include "engine/consolidate/consolidate_writer.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
@@ -27,8 +32,12 @@ namespace zinf::consolidate {
 
 using serialization::PickleDocument;
 using serialization::PickleValue;
+using serialization::SerializationError;
+namespace fs = std::filesystem;
 
 namespace {
+
+std::string errno_text(int error) { return std::strerror(error); }
 
 uint64_t tensor_bytes(const PlannedTensor& tensor, const WriteOptions& options) {
   return tensor.numel * output_dtype_bytes(options.dtype);
@@ -63,6 +72,123 @@ void advise(const uint8_t* data, uint64_t bytes, int advice) {
 struct Segment {
   uint64_t bytes = 0;
   uint32_t crc = 0;
+};
+
+// Input bytes a worker read for a chunk: [offset, offset + bytes) of plan.records[record], and
+// their CRC-32 (crc32_update(0, those bytes)).
+struct RecordSpan {
+  size_t record = kNoRecord;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  uint32_t crc = 0;
+};
+
+// Checks the CRC-32 of every storage record of the plan from the spans the workers read, fed in
+// output order on the writing thread. Output order reads each record front to back (see
+// checkpoint_plan.h), so a record's CRC is the spans' CRCs combined, with the bytes between
+// and after them (padding no tensor holds) read here; a record read in any other order (a
+// span that starts before the end of the last) is read again whole by finish(). The bytes
+// read here are read with pread, not through the mapping: a fault there maps a whole large
+// folio around them, pages the workers already dropped, which would then stay resident (a
+// 486 MB stage-3 checkpoint peaked 46 MiB higher so).
+class RecordVerifier {
+ public:
+  explicit RecordVerifier(const std::vector<SourceRecord>& records)
+      : records_(records), states_(records.size()) {}
+  ~RecordVerifier() {
+    for (const auto& [file, fd] : fds_) ::close(fd);
+  }
+  RecordVerifier(const RecordVerifier&) = delete;
+  RecordVerifier& operator=(const RecordVerifier&) = delete;
+
+  void add(const RecordSpan& span) {
+    if (span.record == kNoRecord || span.bytes == 0) return;
+    State& state = states_[span.record];
+    if (state.checked || !state.in_order) return;
+    if (span.offset < state.next) {
+      state.in_order = false;
+      return;
+    }
+    const SourceRecord& record = records_[span.record];
+    if (span.offset > state.next) {
+      state.crc = crc_of_file(state.crc, record, state.next, span.offset - state.next);
+    }
+    state.crc = static_cast<uint32_t>(
+        ::crc32_combine(state.crc, span.crc, static_cast<z_off_t>(span.bytes)));
+    state.next = span.offset + span.bytes;
+    if (state.next == record.bytes.size()) check(span.record, state.crc);
+  }
+
+  // Checks every record not checked yet (reading what no span covered); returns how many
+  // records were checked in all.
+  uint64_t finish() {
+    for (size_t r = 0; r < records_.size(); ++r) {
+      const State& state = states_[r];
+      if (state.checked) continue;
+      const SourceRecord& record = records_[r];
+      check(r, state.in_order
+                   ? crc_of_file(state.crc, record, state.next, record.bytes.size() - state.next)
+                   : crc_of_file(0, record, 0, record.bytes.size()));
+    }
+    return records_.size();
+  }
+
+ private:
+  struct State {
+    uint64_t next = 0;  // bytes of the record combined into crc so far
+    uint32_t crc = 0;
+    bool in_order = true;
+    bool checked = false;
+  };
+
+  // `crc` continued over bytes [offset, offset + count) of the record, read from its file.
+  uint32_t crc_of_file(uint32_t crc, const SourceRecord& record, uint64_t offset, uint64_t count) {
+    auto [it, added] = fds_.try_emplace(record.file, -1);
+    if (added) {
+      it->second = ::open(record.file.c_str(), O_RDONLY | O_CLOEXEC);
+      if (it->second < 0) {
+        const int error = errno;
+        fds_.erase(it);
+        throw SerializationError(record.file, serialization::kNoOffset,
+                                 "cannot open to check a record's CRC-32: " + errno_text(error));
+      }
+    }
+    buffer_.resize(std::min<uint64_t>(count, kReadBytes));
+    for (uint64_t at = record.data_offset + offset; count > 0;) {
+      const ssize_t got = ::pread(it->second, buffer_.data(), std::min<uint64_t>(count, kReadBytes),
+                                  static_cast<off_t>(at));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        throw SerializationError(
+            record.file, at,
+            "reading record " + record.name + " to check its CRC-32: " +
+                (got < 0 ? errno_text(errno) : std::string("the file ended (it shrank)")));
+      }
+      crc = serialization::crc32_update(crc, {buffer_.data(), static_cast<size_t>(got)});
+      at += static_cast<uint64_t>(got);
+      count -= static_cast<uint64_t>(got);
+    }
+    return crc;
+  }
+
+  void check(size_t r, uint32_t crc) {
+    states_[r].checked = true;
+    const SourceRecord& record = records_[r];
+    if (crc != record.crc32) {
+      throw SerializationError(
+          record.file, record.data_offset,
+          fmt::format("record {} fails its CRC-32 (recorded {:08x}, data {:08x}): the file is "
+                      "corrupt",
+                      record.name, record.crc32, crc));
+    }
+  }
+
+  static constexpr uint64_t kReadBytes = 1 << 20;
+
+  const std::vector<SourceRecord>& records_;
+  std::vector<State> states_;
+  std::map<std::string, int> fds_;  // checkpoint file -> descriptor (closed on destruction)
+  std::vector<uint8_t> buffer_;     // pread's
 };
 
 // Where a shard's data goes: the format's writer, fed the shard's bytes in order.
@@ -192,7 +318,8 @@ class Pipeline {
         shards_(shards),
         options_(options),
         element_(output_dtype_bytes(options.dtype)),
-        with_crc_(options.format == OutputFormat::kTorchBin) {
+        with_crc_(options.format == OutputFormat::kTorchBin),
+        verifier_(plan.records) {
     uint64_t chunk_bytes = std::max<uint64_t>(options.chunk_bytes / 16 * 16, 16);
     for (size_t s = 0; s < shards.size(); ++s) {
       std::vector<uint64_t> starts;
@@ -217,6 +344,7 @@ class Pipeline {
     for (size_t i = 0; i < slots; ++i) {
       buffers_.emplace_back(new uint8_t[buffer_bytes]);
       segments_.emplace_back();
+      spans_.emplace_back();
       ready_.push_back(kNone);
     }
   }
@@ -227,7 +355,7 @@ class Pipeline {
   // Runs the workers and writes every shard through `open_sink`; returns when all is written.
   void run(const std::function<std::unique_ptr<ShardSink>(size_t shard)>& open_sink) {
     for (size_t c = 0; c < std::min(lookahead_, chunks_.size()); ++c) {
-      fill(chunks_[c], nullptr, nullptr);
+      fill(chunks_[c], nullptr, nullptr, nullptr);
     }
     std::vector<std::thread> workers;
     for (int i = 0; i < options_.threads; ++i) workers.emplace_back([this] { work(); });
@@ -257,14 +385,17 @@ class Pipeline {
       for (;;) {
         const size_t c = next_chunk_.fetch_add(1);
         if (c >= chunks_.size()) return;
-        if (c + lookahead_ < chunks_.size()) fill(chunks_[c + lookahead_], nullptr, nullptr);
+        if (c + lookahead_ < chunks_.size()) {
+          fill(chunks_[c + lookahead_], nullptr, nullptr, nullptr);
+        }
         const size_t slot = c % buffers_.size();
         {
           std::unique_lock<std::mutex> lock(mutex_);
           changed_.wait(lock, [&] { return stopped_ || c < written_ + buffers_.size(); });
           if (stopped_) return;
         }
-        fill(chunks_[c], buffers_[slot].get(), with_crc_ ? &segments_[slot] : nullptr);
+        fill(chunks_[c], buffers_[slot].get(), with_crc_ ? &segments_[slot] : nullptr,
+             options_.verify_crc ? &spans_[slot] : nullptr);
         std::lock_guard<std::mutex> lock(mutex_);
         ready_[slot] = c;
         changed_.notify_all();
@@ -289,6 +420,7 @@ class Pipeline {
         const Chunk& chunk = chunks_[c];
         sink->write({buffers_[slot].get(), static_cast<size_t>(chunk.end - chunk.begin)},
                     segments_[slot]);
+        for (const RecordSpan& span : spans_[slot]) verifier_.add(span);
         done += chunk.end - chunk.begin;
         {
           std::lock_guard<std::mutex> lock(mutex_);
@@ -303,14 +435,17 @@ class Pipeline {
       finish_seconds_ +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
+    if (options_.verify_crc) verified_records_ = verifier_.finish();
   }
 
   // Gathers and converts the chunk's output bytes into `out`, and with `segments` given, sets
-  // them to the chunk's non-empty tensor pieces with their CRC-32s; with `out` null, only
-  // starts the readahead of the chunk's inputs (MADV_WILLNEED returns once the reads are
-  // queued).
-  void fill(const Chunk& chunk, uint8_t* out, std::vector<Segment>* segments) const {
+  // them to the chunk's non-empty tensor pieces with their CRC-32s; with `spans` given, sets
+  // them to the input bytes read, with theirs. With `out` null, only starts the readahead of
+  // the chunk's inputs (MADV_WILLNEED returns once the reads are queued).
+  void fill(const Chunk& chunk, uint8_t* out, std::vector<Segment>* segments,
+            std::vector<RecordSpan>* spans) const {
     if (segments != nullptr) segments->clear();
+    if (spans != nullptr) spans->clear();
     const ShardPlan& shard = shards_[chunk.shard];
     const std::vector<uint64_t>& starts = starts_[chunk.shard];
     size_t t = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), chunk.begin) -
@@ -324,16 +459,17 @@ class Pipeline {
       const uint64_t end = std::min(chunk.end, tensor_end);
       uint32_t crc = 0;
       gather(tensor, first, last, out == nullptr ? nullptr : out + (at - chunk.begin),
-             segments == nullptr ? nullptr : &crc);
+             segments == nullptr ? nullptr : &crc, spans);
       if (segments != nullptr && end > at) segments->push_back(Segment{end - at, crc});
       at = end;
     }
   }
 
   // Elements [first, last) of `tensor` to `out`; with `crc` given, continues it over the
-  // bytes written, block by block while each block is still in the cache.
+  // bytes written, and with `spans` given, appends the input bytes read with their CRC-32,
+  // block by block while each block is still in the cache.
   void gather(const PlannedTensor& tensor, uint64_t first, uint64_t last, uint8_t* out,
-              uint32_t* crc) const {
+              uint32_t* crc, std::vector<RecordSpan>* spans) const {
     uint64_t piece_start = 0;
     for (const Piece& piece : tensor.pieces) {
       const uint64_t piece_end = piece_start + piece.numel;
@@ -345,16 +481,43 @@ class Pipeline {
         if (out == nullptr) {
           advise(source, (hi - lo) * in, MADV_WILLNEED);
         } else {
-          const uint64_t block = crc == nullptr ? hi - lo : kCrcBlockBytes / element_;
+          const bool verify = spans != nullptr && piece.record != kNoRecord;
+          const uint64_t block = crc == nullptr && !verify
+                                     ? hi - lo
+                                     : kCrcBlockBytes / std::max<uint64_t>(element_, in);
+          // A copy (the output dtype is the input's): the output bytes are the input's, so one
+          // CRC serves both, taken over the bytes written.
+          const bool one_crc =
+              verify && crc != nullptr && piece.dtype == output_storage_dtype(options_.dtype);
+          uint32_t in_crc = 0;
           for (uint64_t done = 0; done < hi - lo;) {
             const uint64_t count = std::min(block, hi - lo - done);
             convert(source + done * in, piece.dtype, count, out, options_.dtype);
-            if (crc != nullptr) {
-              *crc =
-                  serialization::crc32_update(*crc, {out, static_cast<size_t>(count * element_)});
+            if (one_crc) {
+              in_crc =
+                  serialization::crc32_update(in_crc, {out, static_cast<size_t>(count * element_)});
+            } else {
+              if (verify) {
+                in_crc = serialization::crc32_update(
+                    in_crc, {source + done * in, static_cast<size_t>(count * in)});
+              }
+              if (crc != nullptr) {
+                *crc =
+                    serialization::crc32_update(*crc, {out, static_cast<size_t>(count * element_)});
+              }
             }
             out += count * element_;
             done += count;
+          }
+          if (one_crc) {
+            *crc = static_cast<uint32_t>(
+                ::crc32_combine(*crc, in_crc, static_cast<z_off_t>((hi - lo) * element_)));
+          }
+          if (verify) {
+            const SourceRecord& record = plan_.records[piece.record];
+            spans->push_back(RecordSpan{piece.record,
+                                        static_cast<uint64_t>(source - record.bytes.data()),
+                                        (hi - lo) * in, in_crc});
           }
           advise(source, (hi - lo) * in, MADV_DONTNEED);
         }
@@ -367,6 +530,7 @@ class Pipeline {
  public:
   uint64_t total_bytes() const { return total_bytes_; }
   double finish_seconds() const { return finish_seconds_; }
+  uint64_t verified_records() const { return verified_records_; }
 
  private:
   const CheckpointPlan& plan_;
@@ -378,9 +542,13 @@ class Pipeline {
   std::vector<Chunk> chunks_;
   uint64_t total_bytes_ = 0;
   double finish_seconds_ = 0;  // the writing thread's time in ShardSink::finish()
+  RecordVerifier verifier_;    // used by the writing thread only
+  uint64_t verified_records_ = 0;
   std::vector<std::unique_ptr<uint8_t[]>> buffers_;  // the ring: chunk c fills slot c % size
   // Per slot, the Segments of the chunk it holds (filled with the buffer, before ready_).
   std::vector<std::vector<Segment>> segments_;
+  // Per slot, the input RecordSpans of the chunk it holds (with verify_crc; as segments_).
+  std::vector<std::vector<RecordSpan>> spans_;
   std::atomic<size_t> next_chunk_{0};
   size_t lookahead_ = 0;  // chunks between the one being claimed and the one prefetched
 
@@ -411,7 +579,94 @@ void write_index(const std::string& output_dir, const CheckpointPlan& plan,
   file.commit();
 }
 
+// "<digits>" at the start of `s`, consumed; false when there is none.
+bool take_digits(std::string_view& s) {
+  size_t n = 0;
+  while (n < s.size() && s[n] >= '0' && s[n] <= '9') ++n;
+  s.remove_prefix(n);
+  return n > 0;
+}
+
+// "<stem>-<digits>-of-<digits>.<ext>"
+bool is_shard_name(std::string_view name, std::string_view stem, std::string_view ext) {
+  if (name.substr(0, stem.size()) != stem) return false;
+  name.remove_prefix(stem.size());
+  if (name.substr(0, 1) != "-") return false;
+  name.remove_prefix(1);
+  if (!take_digits(name) || name.substr(0, 4) != "-of-") return false;
+  name.remove_prefix(4);
+  return take_digits(name) && name.size() == ext.size() + 1 && name[0] == '.' &&
+         name.substr(1) == ext;
+}
+
+// fsync of a folder, so that renames and removals in it are durable.
+void sync_folder(const std::string& folder) {
+  const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    throw SerializationError(folder, serialization::kNoOffset,
+                             "cannot open the folder to sync it: " + errno_text(errno));
+  }
+  const int synced = ::fsync(fd);
+  const int error = errno;
+  ::close(fd);
+  if (synced != 0) {
+    throw SerializationError(folder, serialization::kNoOffset, "fsync: " + errno_text(error));
+  }
+}
+
+// The staging folder the export is written into (inside the output folder, so the files are
+// renamed into place on the same filesystem). Removed with what is left in it on destruction:
+// everything in it was written by this export.
+class StagingFolder {
+ public:
+  explicit StagingFolder(const std::string& output_dir) {
+    std::string pattern = (fs::path(output_dir) / ".zero-to-fp32-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      throw SerializationError(
+          output_dir, serialization::kNoOffset,
+          "cannot create a staging folder in the output folder: " + errno_text(errno));
+    }
+    path_ = pattern;
+  }
+  ~StagingFolder() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);  // best effort: a destructor reports nothing
+  }
+  StagingFolder(const StagingFolder&) = delete;
+  StagingFolder& operator=(const StagingFolder&) = delete;
+
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 }  // namespace
+
+EarlierExportError::EarlierExportError(const std::string& output_dir,
+                                       std::vector<std::string> files)
+    : std::invalid_argument(fmt::format("{}: the output folder holds an earlier export ({} file{})",
+                                        output_dir, files.size(), files.size() == 1 ? "" : "s")),
+      files_(std::move(files)) {}
+
+bool is_export_file_name(std::string_view name) {
+  return name == "pytorch_model.bin" || name == "pytorch_model.bin.index.json" ||
+         name == "model.safetensors" || name == "model.safetensors.index.json" ||
+         is_shard_name(name, "pytorch_model", "bin") || is_shard_name(name, "model", "safetensors");
+}
+
+std::vector<std::string> earlier_export_files(const std::string& output_dir) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(output_dir, ec)) {
+    std::error_code type_ec;
+    if (!entry.is_directory(type_ec) && is_export_file_name(entry.path().filename().string())) {
+      files.push_back(entry.path().string());
+    }
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
 
 std::vector<ShardPlan> plan_shards(const CheckpointPlan& plan, const WriteOptions& options) {
   std::vector<ShardPlan> shards;
@@ -453,15 +708,28 @@ WriteSummary write_consolidated(const CheckpointPlan& plan, const std::string& o
   if (options.threads < 1) throw std::invalid_argument("threads must be at least 1");
   if (options.max_shard_bytes == 0) throw std::invalid_argument("max shard size must be > 0");
   std::error_code ec;
-  std::filesystem::create_directories(output_dir, ec);
+  const bool created = fs::create_directories(output_dir, ec);
   if (ec) {
-    throw serialization::SerializationError(output_dir, serialization::kNoOffset,
-                                            "cannot create the output folder: " + ec.message());
+    throw SerializationError(output_dir, serialization::kNoOffset,
+                             "cannot create the output folder: " + ec.message());
   }
+  // A failed export leaves no folder it created (the staging folder is gone by then).
+  struct RemoveIfCreated {
+    const std::string& folder;
+    bool armed;
+    ~RemoveIfCreated() {
+      std::error_code ignored;
+      if (armed) fs::remove(folder, ignored);  // only while empty
+    }
+  } remove_if_created{output_dir, created};
+  const std::vector<std::string> earlier = earlier_export_files(output_dir);
+  if (!earlier.empty() && !options.overwrite) throw EarlierExportError(output_dir, earlier);
+
+  const StagingFolder staging(output_dir);
   const std::vector<ShardPlan> shards = plan_shards(plan, options);
   Pipeline pipeline(plan, shards, options);
   pipeline.run([&](size_t s) -> std::unique_ptr<ShardSink> {
-    const std::string path = (std::filesystem::path(output_dir) / shards[s].file_name).string();
+    const std::string path = (fs::path(staging.path()) / shards[s].file_name).string();
     if (options.format == OutputFormat::kTorchBin) {
       return std::make_unique<TorchBinSink>(path, plan, shards[s], options);
     }
@@ -473,14 +741,42 @@ WriteSummary write_consolidated(const CheckpointPlan& plan, const std::string& o
     const std::string index_name = options.format == OutputFormat::kTorchBin
                                        ? "pytorch_model.bin.index.json"
                                        : "model.safetensors.index.json";
-    write_index(output_dir, plan, shards, index_name);
+    write_index(staging.path(), plan, shards, index_name);
     summary.files.push_back(index_name);
   }
+
+  // Everything is written and verified: into place, shards first and the index last, then
+  // the earlier export's other files go.
+  const std::set<std::string> earlier_set(earlier.begin(), earlier.end());
+  std::set<std::string> placed;
+  for (const std::string& name : summary.files) {
+    const std::string from = (fs::path(staging.path()) / name).string();
+    const std::string to = (fs::path(output_dir) / name).string();
+    if (::rename(from.c_str(), to.c_str()) != 0) {
+      throw SerializationError(from, serialization::kNoOffset,
+                               "cannot rename into place as " + to + ": " + errno_text(errno));
+    }
+    placed.insert(to);
+    if (earlier_set.count(to) != 0) summary.replaced.push_back(to);
+  }
+  sync_folder(output_dir);
+  for (const std::string& path : earlier) {
+    if (placed.count(path) != 0) continue;
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      throw SerializationError(
+          path, serialization::kNoOffset,
+          "cannot remove this file of the earlier export: " + errno_text(errno));
+    }
+    summary.removed.push_back(path);
+  }
+  if (!summary.removed.empty()) sync_folder(output_dir);
   summary.tensors = plan.tensors.size();
   summary.aliases = plan.aliases.size();
   for (const PlannedTensor& tensor : plan.tensors) summary.elements += tensor.numel;
   summary.data_bytes = pipeline.total_bytes();
+  remove_if_created.armed = false;
   summary.finish_seconds = pipeline.finish_seconds();
+  summary.verified_records = pipeline.verified_records();
   return summary;
 }
 

@@ -3,7 +3,8 @@
 // to the tensors the script computed with torch, bit for bit, as .bin and safetensors,
 // sharded or not, in fp32, bf16 and fp16, with and without frozen params; torch.load
 // (weights_only=True) reads the .bin output; malformed checkpoints end in one message naming
-// the file.
+// the file (missing optimizer files by their own names), as does a flipped byte (CRC-32); an
+// earlier export in the output folder is refused, or replaced with --overwrite.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -523,6 +524,188 @@ TEST_F(ZeroToFp32Test, CommandLineWritesShardsAndReportsErrors) {
       {"zero-to-fp32", checkpoint("s1_ws1_fp16"), output("cli_chunk"), "--chunk-size", "100"});
   EXPECT_EQ(run.exit_code, 1);
   EXPECT_NE(run.err.find("--chunk-size"), std::string::npos) << run.err;
+}
+
+// ---- The output folder and the checkpoint's integrity ----
+
+// The names in `dir`.
+std::set<std::string> listing(const std::string& dir) {
+  std::set<std::string> names;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
+    names.insert(entry.path().filename().string());
+  }
+  return names;
+}
+
+// Flips the bits of the byte of `path` at `offset`.
+void flip_byte(const std::string& path, uint64_t offset) {
+  std::vector<uint8_t> bytes = serialization::testing::read_bytes(path);
+  ASSERT_LT(offset, bytes.size()) << path;
+  bytes[offset] ^= 0xFF;
+  serialization::testing::write_bytes(path, bytes);
+}
+
+size_t lines(const std::string& text) {
+  return static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
+}
+
+// An earlier export in the output folder is refused (exit 2, one line naming it) and stays as
+// it was; with --overwrite the new export replaces it, and each of its files that the new one
+// does not replace is removed and named. Files of other names are never touched.
+TEST_F(ZeroToFp32Test, AnEarlierExportIsRefusedOrReplacedAndNothingElseIsTouched) {
+  const std::string ckpt = checkpoint("s3_ws2_fp16_frozen_tied");
+  const std::string dir = output("reexport");
+  zinf::testing::ZinfRun run =
+      zinf::testing::run_zinf({"zero-to-fp32", ckpt, dir, "--safe-serialization", "-q"});
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  const std::vector<uint8_t> earlier =
+      serialization::testing::read_bytes(dir + "/model.safetensors");
+  std::ofstream(dir + "/notes.txt") << "mine";
+  std::ofstream(dir + "/model.safetensors.bak") << "mine too";
+
+  std::vector<std::string> sharded = {
+      "zero-to-fp32",     ckpt,    dir,       "--safe-serialization",
+      "--max-shard-size", "0.5KB", "--dtype", "bf16"};
+  run = zinf::testing::run_zinf(sharded);
+  EXPECT_EQ(run.exit_code, 2) << run.out << run.err;
+  EXPECT_NE(run.err.find(dir + "/model.safetensors: an earlier export"), std::string::npos)
+      << run.err;
+  EXPECT_NE(run.err.find("--overwrite"), std::string::npos) << run.err;
+  EXPECT_EQ(lines(run.err), 1U) << run.err;
+  EXPECT_EQ(listing(dir),
+            (std::set<std::string>{"model.safetensors", "model.safetensors.bak", "notes.txt"}));
+  EXPECT_TRUE(serialization::testing::read_bytes(dir + "/model.safetensors") == earlier);
+
+  sharded.push_back("--overwrite");
+  run = zinf::testing::run_zinf(sharded);
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("removed " + dir + "/model.safetensors "), std::string::npos) << run.out;
+  EXPECT_EQ(listing(dir),
+            (std::set<std::string>{
+                "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                "model.safetensors.index.json", "model.safetensors.bak", "notes.txt"}));
+  EXPECT_EQ(file_text(dir + "/notes.txt"), "mine");
+  EXPECT_EQ(file_text(dir + "/model.safetensors.bak"), "mine too");
+  EXPECT_FALSE(read_output(dir, true).names.empty());
+
+  // Back to one .bin: the shards and their index go, each named on a line of its own.
+  run = zinf::testing::run_zinf({"zero-to-fp32", ckpt, dir, "-q", "--overwrite"});
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  for (const char* name : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                           "model.safetensors.index.json"}) {
+    EXPECT_NE(run.out.find("removed " + dir + "/" + name + " "), std::string::npos) << run.out;
+  }
+  EXPECT_EQ(lines(run.out), 3U) << run.out;
+  EXPECT_EQ(listing(dir),
+            (std::set<std::string>{"pytorch_model.bin", "model.safetensors.bak", "notes.txt"}));
+  EXPECT_EQ(read_output(dir, false).names, expected("s3_ws2_fp16_frozen_tied", "fp32").names);
+
+  // The same export again replaces its one file, and says so.
+  run = zinf::testing::run_zinf({"zero-to-fp32", ckpt, dir, "-q", "--overwrite"});
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  EXPECT_EQ(run.out,
+            "replaced " + dir + "/pytorch_model.bin (an earlier export's file, --overwrite)\n");
+}
+
+// Every record the export reads is checked against the CRC-32 its zip recorded: one flipped
+// byte in a partition (or in a pickle, where it renames a tensor without breaking the pickle)
+// fails the export with one line naming the file, the record and its offset, whatever the
+// output format, and leaves the output folder as it was (an earlier export included, with
+// --overwrite). --no-verify exports the bytes as they are.
+TEST_F(ZeroToFp32Test, AFlippedByteFailsTheExportNamingTheFileRecordAndOffset) {
+  const std::string copy = out_.path() + "/flipped";
+  fs::copy(checkpoint("s3_ws2_fp16_frozen_tied"), copy, fs::copy_options::recursive);
+  const std::string tag_dir = copy + "/" + read_latest_tag(copy);
+  const std::string optim = tag_dir + "/zero_pp_rank_1_mp_rank_00_optim_states.pt";
+  uint64_t data_offset = 0;
+  std::string record;
+  {
+    const serialization::TorchArchive archive = serialization::TorchArchive::open(optim);
+    const serialization::TensorRef& group =
+        archive.root().at("optimizer_state_dict").at("fp32_flat_groups").items()[1]->tensor();
+    const serialization::TorchArchive::StorageRecord r = archive.storage_record(group.storage);
+    data_offset = r.data_offset;
+    record = r.name;
+  }
+  flip_byte(optim, data_offset + 5);
+
+  const std::string dir = output("crc");
+  zinf::testing::ZinfRun run =
+      zinf::testing::run_zinf({"zero-to-fp32", checkpoint("s3_ws2_fp16_frozen_tied"), dir, "-q"});
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  const std::vector<uint8_t> earlier =
+      serialization::testing::read_bytes(dir + "/pytorch_model.bin");
+  for (const bool safetensors : {false, true}) {
+    std::vector<std::string> args = {"zero-to-fp32",     copy, dir, "-q", "--overwrite",
+                                     "--max-shard-size", "1KB"};
+    if (safetensors) args.push_back("--safe-serialization");
+    run = zinf::testing::run_zinf(args);
+    EXPECT_EQ(run.exit_code, 1) << run.out << run.err;
+    EXPECT_NE(run.err.find(optim + ": offset " + std::to_string(data_offset) + ": record " +
+                           record + " fails its CRC-32"),
+              std::string::npos)
+        << run.err;
+    EXPECT_EQ(lines(run.err), 1U) << run.err;
+    EXPECT_EQ(run.out, "");
+    EXPECT_EQ(listing(dir), std::set<std::string>{"pytorch_model.bin"});
+    EXPECT_TRUE(serialization::testing::read_bytes(dir + "/pytorch_model.bin") == earlier);
+  }
+  // Into a folder of its own: the folder is not left behind either.
+  run = zinf::testing::run_zinf({"zero-to-fp32", copy, output("crc_new"), "-q"});
+  EXPECT_EQ(run.exit_code, 1) << run.out << run.err;
+  EXPECT_FALSE(fs::exists(output("crc_new")));
+  run = zinf::testing::run_zinf({"zero-to-fp32", copy, output("crc_unchecked"), "--no-verify"});
+  EXPECT_EQ(run.exit_code, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("CRC-32s not checked (--no-verify)"), std::string::npos) << run.out;
+  flip_byte(optim, data_offset + 5);  // whole again
+  run = zinf::testing::run_zinf({"zero-to-fp32", copy, output("crc_whole")});
+  EXPECT_EQ(run.exit_code, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("checkpoint records checked"), std::string::npos) << run.out;
+
+  // A tensor name in a model-states pickle: "layers.0.attn.weight" becomes "layers.0.attn.Weight".
+  const std::string model = tag_dir + "/zero_pp_rank_0_mp_rank_00_model_states.pt";
+  const std::vector<uint8_t> bytes = serialization::testing::read_bytes(model);
+  const std::string name = "layers.0.attn.weight";
+  const auto at = std::search(bytes.begin(), bytes.end(), name.begin(), name.end());
+  ASSERT_NE(at, bytes.end());
+  std::vector<uint8_t> renamed = bytes;
+  renamed[static_cast<size_t>(at - bytes.begin()) + name.size() - 6] ^= 0x20;
+  serialization::testing::write_bytes(model, renamed);
+  run = zinf::testing::run_zinf({"zero-to-fp32", copy, output("crc_pickle"), "-q"});
+  EXPECT_EQ(run.exit_code, 1) << run.out << run.err;
+  EXPECT_NE(run.err.find(model + ": offset "), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("data.pkl fails its CRC-32"), std::string::npos) << run.err;
+  EXPECT_FALSE(fs::exists(output("crc_pickle") + "/pytorch_model.bin"));
+}
+
+// With the optimizer files deleted (all, or the last ranks'), the error names the missing
+// optimizer files, not the model-states file that is there: stage 3 and stage 2 (whose
+// model states hold only 16-bit weights, so an export from them alone would not be fp32).
+TEST_F(ZeroToFp32Test, MissingOptimizerFilesAreNamed) {
+  for (const std::string& fixture :
+       {std::string("s3_ws2_fp16_frozen_tied"), std::string("s2_ws2_fp16_frozen_tied")}) {
+    SCOPED_TRACE(fixture);
+    const std::string copy = out_.path() + "/no_optim_" + fixture;
+    fs::copy(checkpoint(fixture), copy, fs::copy_options::recursive);
+    const std::string tag_dir = copy + "/" + read_latest_tag(copy);
+    const std::string rank0 = tag_dir + "/zero_pp_rank_0_mp_rank_00_optim_states.pt";
+    const std::string rank1 = tag_dir + "/zero_pp_rank_1_mp_rank_00_optim_states.pt";
+    fs::remove(rank1);
+    std::string message = plan_error(copy);
+    EXPECT_NE(message.find(rank1 + ": missing"), std::string::npos) << message;
+    EXPECT_EQ(message.find("model_states"), std::string::npos) << message;
+    fs::remove(rank0);
+    message = plan_error(copy);
+    EXPECT_NE(message.find(rank0 + ": missing"), std::string::npos) << message;
+    EXPECT_NE(message.find("zero_pp_rank_1_mp_rank_00_optim_states.pt"), std::string::npos)
+        << message;
+    EXPECT_EQ(message.find("model_states"), std::string::npos) << message;
+
+    const zinf::testing::ZinfRun run =
+        zinf::testing::run_zinf({"zero-to-fp32", copy, output("no_optim_" + fixture), "-q"});
+    EXPECT_EQ(run.exit_code, 1) << run.out << run.err;
+    EXPECT_NE(run.err.find(rank0 + ": missing"), std::string::npos) << run.err;
+  }
 }
 
 // Streaming: a 256 MB checkpoint consolidates with a peak RSS far below its size (the ring of
