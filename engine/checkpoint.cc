@@ -23,6 +23,7 @@
 #include <future>
 #include <mutex>
 #include <optional>
+#include <regex>
 #include <set>
 #include <thread>
 
@@ -87,35 +88,75 @@ void rename_or_throw(const fs::path& from, const fs::path& to) {
   }
 }
 
+// Removes a replaced checkpoint folder: its checkpoint files, then the folder if nothing else
+// is left in it. Returns what was left (files that appeared since the save checked).
+std::vector<std::string> remove_checkpoint_folder(const fs::path& folder) {
+  std::error_code ec;
+  fs::directory_iterator it(folder, ec);
+  if (ec) return {};
+  for (const fs::directory_entry& e : it) {
+    const std::string name = e.path().filename().string();
+    if (e.is_regular_file(ec) && is_checkpoint_file(name)) fs::remove(e.path(), ec);
+  }
+  std::vector<std::string> left = foreign_checkpoint_entries(folder);
+  if (left.empty()) fs::remove(folder, ec);
+  return left;
+}
+
+// The N of a "global_step<N>" tag, or -1.
+int64_t tag_step(const std::string& tag) {
+  static const std::regex kStep(R"(global_step(\d{1,18}))");
+  std::smatch m;
+  return std::regex_match(tag, m, kStep) ? std::stoll(m[1]) : -1;
+}
+
 // Puts the complete `staging` folder at `target`. An existing `target` is exchanged with it
 // atomically (renameat2 RENAME_EXCHANGE) and removed only afterwards; where the filesystem
 // cannot exchange, it is moved aside to `aside` first (load falls back to `aside` if a crash
-// leaves `target` missing).
-void publish(const fs::path& root, const fs::path& staging, const fs::path& target,
-             const fs::path& aside) {
+// leaves `target` missing). Of the replaced checkpoint, only the files a save writes are
+// removed; a folder still holding anything else is kept (returned, with what it holds).
+std::string publish(const fs::path& root, const fs::path& staging, const fs::path& target,
+                    const fs::path& aside) {
   fsync_dir(staging);
   crash_point();
   std::error_code ec;
+  fs::path replaced;
   if (!fs::exists(target, ec)) {
     rename_or_throw(staging, target);
   } else if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) ==
              0) {
     fsync_dir(root);
     crash_point();
-    fs::remove_all(staging, ec);  // the previous checkpoint of this tag
+    replaced = staging;  // the previous checkpoint of this tag
   } else if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) {
-    fs::remove_all(aside, ec);
+    (void)remove_checkpoint_folder(aside);
     rename_or_throw(target, aside);
     crash_point();
     rename_or_throw(staging, target);
     fsync_dir(root);
-    fs::remove_all(aside, ec);
+    replaced = aside;
   } else {
     throw EngineError(fmt::format("checkpoint: exchange {} and {}: {}", staging.string(),
                                   target.string(), std::strerror(errno)));
   }
+  std::string kept;
+  if (!replaced.empty()) {
+    const std::vector<std::string> left = remove_checkpoint_folder(replaced);
+    if (!left.empty()) {
+      // Out of the staging name, which the next save empties.
+      fs::path keep = target.string() + ".kept";
+      for (int i = 2; fs::exists(keep, ec); ++i)
+        keep = fmt::format("{}.kept{}", target.string(), i);
+      rename_or_throw(replaced, keep);
+      kept = fmt::format(
+          "checkpoint {}: the replaced checkpoint's folder is kept as {}: it "
+          "holds {} that zinf did not write ({})",
+          target.string(), keep.string(), left.size(), fmt::join(left, ", "));
+    }
+  }
   fsync_dir(root);
   crash_point();
+  return kept;
 }
 
 // Rank 0: an empty `staging` folder under `root` (what an interrupted save left is removed).
@@ -821,6 +862,26 @@ constexpr const char* kVersion = "0.0.0+zinf";
 
 }  // namespace
 
+bool is_checkpoint_file(const std::string& name) {
+  static const std::regex kNames(
+      R"((mp_rank_\d+_model_states\.pt|zero_pp_rank_\d+_mp_rank_\d+_model_states\.pt|)"
+      R"((bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt|pytorch_model\.bin))");
+  return std::regex_match(name, kNames);
+}
+
+std::vector<std::string> foreign_checkpoint_entries(const std::string& folder) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  fs::directory_iterator it(folder, ec);
+  if (ec) return out;
+  for (const fs::directory_entry& e : it) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file(ec) || !is_checkpoint_file(name)) out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::string model_states_file(int stage, int rank) {
   return stage == 3 ? fmt::format("zero_pp_rank_{}_mp_rank_00_model_states.pt", rank)
                     : std::string("mp_rank_00_model_states.pt");
@@ -895,6 +956,26 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
       prepared.reset();  // rank 0 removes its folder
     } else {
       step_written = prepared->bytes;
+    }
+  }
+  // A tag folder holding files a save does not write is not replaced (zinf never deletes a
+  // file it did not write): every rank fails before anything is written.
+  {
+    std::vector<std::string> foreign;
+    if (rank == 0) foreign = foreign_checkpoint_entries(target);
+    int64_t refused = foreign.empty() ? 0 : 1;
+    if (world > 1) {
+      comm_->all_reduce(&refused, 1, zero::DType::kInt64, zero::ReduceOp::kMax)->wait();
+    }
+    if (refused != 0) {
+      throw EngineError(
+          rank == 0 ? fmt::format("checkpoint {}: not replaced: it holds {} that zinf did not "
+                                  "write ({}); move {} away or save under another tag",
+                                  target.string(), foreign.size() == 1 ? "an entry" : "entries",
+                                  fmt::join(foreign, ", "), foreign.size() == 1 ? "it" : "them")
+                    : fmt::format("checkpoint {}: not replaced (rank 0 found files zinf did not "
+                                  "write in it)",
+                                  target.string()));
     }
   }
   if (rank == 0 && !prepared) make_staging(root, staging);
@@ -1186,7 +1267,21 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
 
   if (prepared) prepared->published = true;  // the folder is published next, not removed
   if (rank == 0) {
-    publish(root, staging, target, root / ("." + tag + ".old"));
+    const std::string kept = publish(root, staging, target, root / ("." + tag + ".old"));
+    if (!kept.empty()) log(kept);
+    std::error_code ec;
+    if (fs::exists(root / "latest", ec)) {
+      std::string previous;
+      try {
+        previous = read_latest(root);
+      } catch (const EngineError&) {
+        previous.clear();  // an unreadable latest is replaced as before
+      }
+      if (tag_step(previous) > tag_step(tag) && tag_step(tag) >= 0) {
+        log(fmt::format("checkpoint: {} moves back from {} to {} (this run saved an older step)",
+                        (root / "latest").string(), previous, tag));
+      }
+    }
     serialization::AtomicFile latest((root / "latest").string());
     latest.append({reinterpret_cast<const uint8_t*>(tag.data()), tag.size()});
     latest.commit();

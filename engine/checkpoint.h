@@ -41,6 +41,7 @@
 #include <map>
 #include <string>
 #include <variant>
+#include <vector>
 
 namespace zinf::engine {
 
@@ -66,6 +67,12 @@ struct CheckpointReport {
 // File names inside a tag folder.
 [[nodiscard]] std::string model_states_file(int stage, int rank);
 [[nodiscard]] std::string optim_states_file(int rank, bool bf16);
+// Whether `name` is one of the files a save writes into a tag folder (the two above, for any
+// rank and precision, and pytorch_model.bin). A save replaces an existing tag folder only
+// when it holds nothing else, and a replaced folder loses only these files.
+[[nodiscard]] bool is_checkpoint_file(const std::string& name);
+// The entries of `folder` that are not checkpoint files (sorted; empty when it is missing).
+[[nodiscard]] std::vector<std::string> foreign_checkpoint_entries(const std::string& folder);
 
 // Test seam: when this variable holds k > 0, the k-th crash point a save passes (after each
 // storage record, each finished file, each rename, and `latest`) kills the process with

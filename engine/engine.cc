@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <fstream>
 #include <utility>
 
 #include "aio/pinned_budget.h"
@@ -140,29 +141,10 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, EngineOptions options,
   in.optimizer_states = optimizer_states(options_.optimizer.type);
   in.activation_bytes = options_.activation_bytes;
   plan_ = plan_memory(in);
-  const uint64_t budget = accelerator_->memory_stats().budget_bytes;
-  if (budget > 0 && plan_.device_total() > budget) {
-    throw EngineError(fmt::format(
-        "the run needs {} of accelerator memory but the budget (zinf.accelerator.memory_budget) "
-        "is {}:\n{}Lower stage3_max_live_parameters or the micro-batch, offload parameters or "
-        "optimizer states (offload_param / offload_optimizer), or raise the budget.",
-        format_bytes(plan_.device_total()), format_bytes(budget), plan_.table()));
-  }
-  // Pinned memory: the limit is the process's (aio/pinned_budget.h); the plan must fit in
-  // what is left of it before any pool is made.
-  if (options_.zero.pinned_memory_limit) {
-    aio::set_pinned_memory_limit(*options_.zero.pinned_memory_limit);
-  }
-  const aio::PinnedMemoryUsage pinned = aio::pinned_memory_usage();
-  const uint64_t pinned_free = pinned.limit - std::min(pinned.in_use, pinned.limit);
-  if (plan_.pinned > pinned_free) {
-    throw EngineError(fmt::format(
-        "the run needs {} of pinned host memory but zinf.pinned_memory_limit allows {} ({} "
-        "already pinned{}):\n{}Lower offload_param.buffer_count / buffer_size or "
-        "sub_group_size, or raise zinf.pinned_memory_limit.",
-        format_bytes(plan_.pinned), format_bytes(pinned.limit), format_bytes(pinned.in_use),
-        pinned.limit_is_default ? "; the default is half of physical RAM" : "", plan_.table()));
-  }
+  PlanLimits limits;
+  limits.device_budget = accelerator_->memory_stats().budget_bytes;
+  limits.pinned_limit = options_.zero.pinned_memory_limit;
+  check_memory_plan(plan_, limits);
   log(fmt::format("memory plan (rank {} of {}):\n{}{}; this run plans {}", comm_->rank(),
                   comm_->world_size(), plan_.table(), aio::describe_pinned_memory(),
                   format_bytes(plan_.pinned)));
@@ -180,6 +162,59 @@ int Engine::rank() const noexcept { return comm_->rank(); }
 int Engine::world_size() const noexcept { return comm_->world_size(); }
 int Engine::gradient_accumulation_steps() const noexcept {
   return options_.zero.gradient_accumulation_steps;
+}
+
+uint64_t host_memory_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t value = 0;
+  std::string unit;
+  while (in >> key >> value) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return value * 1024;  // kB
+  }
+  return aio::physical_memory_bytes();
+}
+
+void check_memory_plan(const MemoryPlan& plan, const PlanLimits& limits) {
+  if (limits.device_budget > 0 && plan.device_total() > limits.device_budget) {
+    throw PlanError(fmt::format(
+        "the run needs {} of accelerator memory but the budget (zinf.accelerator.memory_budget) "
+        "is {}:\n{}Lower stage3_max_live_parameters or the micro-batch, offload parameters or "
+        "optimizer states (offload_param / offload_optimizer), or raise the budget (zinf train: "
+        "--memory-budget).",
+        format_bytes(plan.device_total()), format_bytes(limits.device_budget), plan.table()));
+  }
+  // Pinned memory: the limit is the process's (aio/pinned_budget.h); the plan must fit in
+  // what is left of it before any pool is made.
+  if (limits.pinned_limit) aio::set_pinned_memory_limit(*limits.pinned_limit);
+  const aio::PinnedMemoryUsage pinned = aio::pinned_memory_usage();
+  const uint64_t pinned_free = pinned.limit - std::min(pinned.in_use, pinned.limit);
+  if (plan.pinned > pinned_free) {
+    throw PlanError(fmt::format(
+        "the run needs {} of pinned host memory but zinf.pinned_memory_limit allows {} ({} "
+        "already pinned{}):\n{}Lower offload_param.buffer_count / buffer_size or "
+        "sub_group_size, or raise zinf.pinned_memory_limit.",
+        format_bytes(plan.pinned), format_bytes(pinned.limit), format_bytes(pinned.in_use),
+        pinned.limit_is_default ? "; the default is half of physical RAM" : "", plan.table()));
+  }
+  if (limits.check_host) {
+    const auto ranks = static_cast<uint64_t>(std::max(1, limits.ranks_on_node));
+    const uint64_t per_rank =
+        limits.host_held_bytes + plan.host + plan.pinned + plan.host_peak_init;
+    const uint64_t available = host_memory_available_bytes();
+    if (per_rank > available / ranks) {
+      throw PlanError(fmt::format(
+          "the run needs {} of host memory{} (the model built in full before partitioning {}, "
+          "plus the plan's host {}, pinned {} and start-up {}) but {} {} available:\n{}Choose a "
+          "smaller model (or a smaller vocabulary), or offload to NVMe (offload_param / "
+          "offload_optimizer device \"nvme\").",
+          format_bytes(per_rank * ranks),
+          ranks > 1 ? fmt::format(" for {} ranks on this node", ranks) : std::string(),
+          format_bytes(limits.host_held_bytes), format_bytes(plan.host), format_bytes(plan.pinned),
+          format_bytes(plan.host_peak_init), format_bytes(available), "is", plan.table()));
+    }
+  }
 }
 
 void Engine::log(const std::string& line) const {
@@ -245,6 +280,17 @@ bool Engine::step() {
   apply_step();
   micro_batch_ = 0;
   return true;
+}
+
+void Engine::abandon_step() {
+  if (in_micro_batch_) {
+    throw EngineError("abandon_step() inside a micro-batch: call it between micro-batches");
+  }
+  global_samples_ -=
+      static_cast<int64_t>(micro_batch_) * options_.micro_batch_size * comm_->world_size();
+  micro_batch_ = 0;
+  loss_sum_ = 0.0;
+  step_started_ = false;
 }
 
 void Engine::apply_step() {

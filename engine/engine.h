@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,36 @@ class EngineError : public std::runtime_error {
  public:
   explicit EngineError(const std::string& message) : std::runtime_error(message) {}
 };
+
+// A memory plan that needs more than a tier gives (the accelerator budget, the pinned-memory
+// limit, the host memory available): the config or the model asks for more than this
+// machine has. A config error to the CLI (exit code 2).
+class PlanError : public EngineError {
+ public:
+  explicit PlanError(const std::string& message) : EngineError(message) {}
+};
+
+// What check_memory_plan holds a plan to.
+struct PlanLimits {
+  uint64_t device_budget = 0;            // the accelerator's budget; 0: none
+  std::optional<uint64_t> pinned_limit;  // zinf.pinned_memory_limit (set as the process's limit)
+  // Host memory: when set, the plan's host and pinned bytes, its start-up transient and
+  // `host_held_bytes` (what the caller holds besides, such as the model built in full before
+  // it is partitioned), times `ranks_on_node`, must fit in the memory available now
+  // (MemAvailable).
+  bool check_host = false;
+  uint64_t host_held_bytes = 0;
+  int ranks_on_node = 1;
+};
+
+// Checks `plan` against `limits` before anything is allocated; throws PlanError naming the
+// tier, what the run needs, what it may have, the knobs that change either, and the plan's
+// table. Sets the process's pinned-memory limit when `limits.pinned_limit` is given.
+void check_memory_plan(const MemoryPlan& plan, const PlanLimits& limits);
+
+// The host memory available for new allocations now (/proc/meminfo's MemAvailable; physical
+// memory where that cannot be read).
+[[nodiscard]] uint64_t host_memory_available_bytes();
 
 struct OptimizerSettings {
   std::string type = "adamw";  // adam, adamw, adagrad, lion
@@ -139,6 +170,12 @@ class Engine {
   // Counts the micro-batch; at the accumulation boundary runs the optimizer step and returns
   // true (report() then describes it).
   bool step();
+  // Drops the micro-batches of the optimizer step in progress, between two of them: their
+  // gradients are discarded (the next step's first micro-batch starts the sums anew) and the
+  // engine is back at the boundary of the last applied step, so a checkpoint saved now holds
+  // that step's state. Collective in effect: every rank must abandon the same step. Throws
+  // EngineError inside a micro-batch.
+  void abandon_step();
   // All micro-batches of one optimizer step: compute(i) for i in [0, accumulation).
   StepReport train_batch(const std::function<torch::Tensor(int micro_batch)>& compute);
   // Forward without backward (evaluation): stage 3 fetches on demand.

@@ -97,7 +97,6 @@ int run_estimate(const EstimateArgs& args) {
       throw std::invalid_argument("--vocab and --seq-len must be >= 1");
     }
     const engine::LlamaConfig model = llama_for_size(args.model_size, args.vocab_size);
-    const auto shapes = engine::llama_parameter_shapes(model);
     const int world = args.gpus_per_node * args.nodes;
 
     // The config as `zinf train` would resolve it for this model and world size (swap
@@ -121,16 +120,7 @@ int run_estimate(const EstimateArgs& args) {
     const config::RunConfig cfg = resolve_run_config(root, source, overrides, model, nullptr);
     for (const auto& w : cfg.warnings) fmt::print("warning: {}\n", w);
     const int64_t micro = cfg.batch.micro_batch_per_gpu.value_or(1);
-    const int64_t element_bytes = cfg.zero.precision == zero::Precision::kFloat32 ? 4 : 2;
-
-    engine::PlanInputs in;
-    for (const auto& s : shapes) {
-      in.params.push_back({static_cast<uint64_t>(s.numel), true, s.in_block, !s.in_block});
-    }
-    in.zero = cfg.zero;
-    in.world_size = world;
-    in.optimizer_states = static_cast<size_t>(cfg.optimizer.states_per_param() - 2);
-    in.activation_bytes = engine::llama_activation_bytes(model, micro, args.seq_len, element_bytes);
+    const engine::PlanInputs in = llama_plan_inputs(model, cfg, world, micro, args.seq_len);
     const uint64_t params = static_cast<uint64_t>(model.parameter_count());
     fmt::print("model {}: {:.3f} B parameters ({} layers, hidden {}, intermediate {}, vocab {})\n",
                model.name, static_cast<double>(params) / 1e9, model.num_layers, model.hidden_size,

@@ -10,24 +10,34 @@
 namespace zinf::tools {
 namespace {
 
-// Lock-free, so reading and writing it from a signal handler is safe.
+// Lock-free, so reading and writing them from a signal handler is safe.
 std::atomic<int> g_signal{0};
+std::atomic<int> g_count{0};
+std::atomic<int> g_kill_at{2};
 static_assert(std::atomic<int>::is_always_lock_free);
 
+// signal() and raise() are async-signal-safe.
 extern "C" void on_signal(int signal_number) {
   g_signal.store(signal_number, std::memory_order_relaxed);
+  const int count = g_count.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (count >= g_kill_at.load(std::memory_order_relaxed)) {
+    ::signal(signal_number, SIG_DFL);
+    ::raise(signal_number);
+  }
 }
 
 }  // namespace
 
-InterruptScope::InterruptScope() {
+InterruptScope::InterruptScope(int kill_at) {
   g_signal.store(0, std::memory_order_relaxed);
+  g_count.store(0, std::memory_order_relaxed);
+  g_kill_at.store(kill_at < 1 ? 1 : kill_at, std::memory_order_relaxed);
   struct sigaction action {};
   action.sa_handler = on_signal;
   sigemptyset(&action.sa_mask);
   // No SA_RESTART: a blocking call returns EINTR (which every loop of ours retries) and the
-  // flag is seen sooner. SA_RESETHAND: a second signal takes the default action.
-  action.sa_flags = SA_RESETHAND;
+  // flag is seen sooner. The handler itself gives the kill_at-th signal its default action.
+  action.sa_flags = 0;
   if (::sigaction(SIGINT, &action, &old_int_) != 0) {
     throw std::runtime_error(
         fmt::format("cannot install the SIGINT handler: {}", std::strerror(errno)));
@@ -46,6 +56,8 @@ InterruptScope::~InterruptScope() {
 }
 
 int interrupt_signal() noexcept { return g_signal.load(std::memory_order_relaxed); }
+
+int interrupt_count() noexcept { return g_count.load(std::memory_order_relaxed); }
 
 void throw_if_interrupted(const std::string& what) {
   if (int sig = interrupt_signal(); sig != 0) {
@@ -66,6 +78,11 @@ std::string signal_name(int signal_number) {
 
 void set_interrupt_for_testing(int signal_number) noexcept {
   g_signal.store(signal_number, std::memory_order_relaxed);
+  if (signal_number == 0) {
+    g_count.store(0, std::memory_order_relaxed);
+  } else {
+    g_count.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 }  // namespace zinf::tools

@@ -4,9 +4,10 @@
 // handler does nothing else: it is async-signal-safe). Long-running work polls it between
 // requests or loops with throw_if_interrupted(), which throws Interrupted; the code that
 // catches it has drained its in-flight I/O and removed its temporary files on the way out
-// (RAII), and the command ends with exit code 128 + signal and one line. The handlers are
-// installed with SA_RESETHAND: a second Ctrl-C ends the process at once, for the case where
-// the first cannot be honoured (a request that never completes).
+// (RAII), and the command ends with exit code 128 + signal and one line. The signals are
+// counted: the `kill_at`-th (2 by default) ends the process at once with the signal's default
+// action, for the case where the earlier ones cannot be honoured (a request that never
+// completes). `zinf train` takes 3: the second abandons the step in progress.
 //
 // Thread safety: interrupt_signal() and throw_if_interrupted() may be called from any
 // thread. Only one InterruptScope may live at a time (the CLI runs one command).
@@ -34,7 +35,7 @@ class Interrupted : public std::runtime_error {
 // ones on destruction. Throws std::runtime_error when sigaction fails.
 class InterruptScope {
  public:
-  InterruptScope();
+  explicit InterruptScope(int kill_at = 2);
   ~InterruptScope();
   InterruptScope(const InterruptScope&) = delete;
   InterruptScope& operator=(const InterruptScope&) = delete;
@@ -47,13 +48,17 @@ class InterruptScope {
 // The signal received since the scope was entered, or 0.
 [[nodiscard]] int interrupt_signal() noexcept;
 
+// How many SIGINT / SIGTERM were received since the scope was entered.
+[[nodiscard]] int interrupt_count() noexcept;
+
 // Throws Interrupted(signal, `what` + " interrupted") when a signal was received.
 void throw_if_interrupted(const std::string& what);
 
 // "SIGINT", "SIGTERM", or "signal N".
 [[nodiscard]] std::string signal_name(int signal_number);
 
-// For tests: behave as if `signal_number` had been received (0 clears the flag).
+// For tests: behave as if `signal_number` had been received once more (0 clears the flag
+// and the count).
 void set_interrupt_for_testing(int signal_number) noexcept;
 
 }  // namespace zinf::tools

@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 
@@ -38,14 +40,32 @@ std::string quoted(const std::string& s) {
 
 }  // namespace
 
+std::string plot_path_problem(const std::string& png_path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path path(png_path);
+  if (fs::is_directory(path, ec)) return fmt::format("{} is a folder", png_path);
+  const fs::path folder = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  if (!fs::exists(folder, ec)) return fmt::format("its folder {} does not exist", folder.string());
+  if (!fs::is_directory(folder, ec)) {
+    return fmt::format("{} is not a folder", folder.string());
+  }
+  if (access(folder.c_str(), W_OK) != 0) {
+    return fmt::format("its folder {} is not writable: {}", folder.string(), std::strerror(errno));
+  }
+  return {};
+}
+
 std::string write_loss_png(const LossCurve& curve, const std::string& png_path) {
   if (curve.points.empty()) return "no loss values to plot";
   if (!on_path("gnuplot")) return "gnuplot is not installed (Debian package gnuplot-nox)";
+  if (std::string why = plot_path_problem(png_path); !why.empty()) return why;
   std::error_code ec;
   std::filesystem::remove(png_path, ec);
   try {
-    // gnuplot's stderr is dropped so a complaint of its own does not garble the run's output.
-    Gnuplot gp("gnuplot 2>/dev/null");
+    // Neither of gnuplot's streams reaches the run's output: its stdout is where it writes the
+    // image when `set output` fails, and a complaint of its own would garble the lines.
+    Gnuplot gp("gnuplot >/dev/null 2>&1");
     gp << "set terminal png size 960,540 font ',11'\n";
     gp << "set output " << quoted(png_path) << "\n";
     gp << "set title " << quoted(curve.title) << "\n";

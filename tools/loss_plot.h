@@ -23,6 +23,11 @@ struct LossCurve {
 // gnuplot failed, the file not written) — a plot is never worth failing a run for.
 [[nodiscard]] std::string write_loss_png(const LossCurve& curve, const std::string& png_path);
 
+// Why `png_path` cannot be written, checked at start-up so a run does not learn it at the
+// end: its folder is missing or not writable, or the path is a folder. Empty when it can be.
+// Creates nothing.
+[[nodiscard]] std::string plot_path_problem(const std::string& png_path);
+
 // `width` characters of ▁▂▃▄▅▆▇█ over the values (resampled by averaging), lowest at ▁.
 [[nodiscard]] std::string sparkline(const std::vector<double>& values, size_t width = 40);
 

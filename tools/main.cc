@@ -25,7 +25,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // CLI11's own codes (105 for a failed conversion, 106 for a failed check, ...) are not
+    // ours: --help and --version exit 0, every other usage error 2 (README, "Exit codes").
+    return app.exit(e) == 0 ? 0 : 2;
   }
   if (version) {
     fmt::print("{}", zinf::tools::version_text());

@@ -8,9 +8,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <numeric>
 #include <thread>
 
@@ -22,9 +24,12 @@
 #include "engine/memory_plan.h"
 #include "engine/model/hf_checkpoint.h"
 #include "engine/model/llama.h"
+#include "offload/error.h"
+#include "tools/byte_size.h"
 #include "tools/interrupt.h"
 #include "tools/loss_plot.h"
 #include "tools/progress.h"
+#include "tools/save_folder.h"
 #include "tools/train_config.h"
 
 namespace zinf::tools {
@@ -128,6 +133,76 @@ int stop_signal() noexcept {
   return sig != 0 ? sig : static_cast<int>(g_launcher_signal);
 }
 
+// The second SIGINT / SIGTERM (not under a launcher, where each Ctrl-C arrives twice): the
+// step in progress is abandoned at the next micro-batch boundary. Every rank agrees.
+bool agreed_abandon(engine::Engine& eng) {
+  int64_t abandon = interrupt_count() >= 2 ? 1 : 0;
+  if (eng.world_size() > 1) {
+    eng.comm().all_reduce(&abandon, 1, zero::DType::kInt64, zero::ReduceOp::kMax)->wait();
+  }
+  return abandon != 0;
+}
+
+// Says at once what a SIGINT / SIGTERM will do, from a thread of its own (the training thread
+// may be inside a long micro-batch): the first finishes the step and saves, the second
+// abandons the step, the third ends the process.
+class SignalWatcher {
+ public:
+  SignalWatcher(Progress& progress, std::string save, bool launcher)
+      : progress_(progress),
+        save_(std::move(save)),
+        launcher_(launcher),
+        thread_([this] { run(); }) {}
+  ~SignalWatcher() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  SignalWatcher(const SignalWatcher&) = delete;
+  SignalWatcher& operator=(const SignalWatcher&) = delete;
+
+ private:
+  void run() {
+    int seen = 0;
+    std::unique_lock lock(mutex_);
+    while (!stop_) {
+      wake_.wait_for(lock, std::chrono::milliseconds(100));
+      const int count = launcher_ ? (g_launcher_signal != 0 ? 1 : 0) : interrupt_count();
+      const int sig = stop_signal();
+      if (count <= seen || sig == 0) continue;
+      seen = count;
+      const std::string name = signal_name(sig);
+      if (count == 1) {
+        progress_.print(fmt::format(
+            "{} received at {}: finishing this step, {}then stopping (swap files removed){}", name,
+            progress_.position(),
+            save_.empty() ? std::string() : fmt::format("saving a checkpoint in {}, ", save_),
+            launcher_ ? std::string()
+                      : fmt::format("; {} again abandons the step at its next micro-batch",
+                                    name == "SIGINT" ? std::string("Ctrl-C") : name)));
+      } else if (count == 2) {
+        progress_.print(fmt::format(
+            "{} again at {}: abandoning this step at its next micro-batch (its gradients are "
+            "dropped), {}; a third ends the process at once, leaving the swap files",
+            name, progress_.position(),
+            save_.empty() ? std::string("then stopping")
+                          : fmt::format("then saving the last finished step in {}", save_)));
+      }
+    }
+  }
+
+  Progress& progress_;
+  const std::string save_;
+  const bool launcher_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;  // guarded by mutex_
+  std::thread thread_;
+};
+
 // Every rank stops at the same step: the largest signal any rank saw wins.
 int agreed_signal(engine::Engine& eng) {
   int64_t sig = stop_signal();
@@ -154,8 +229,8 @@ std::string default_train_config(uint64_t memory_budget_bytes, uint64_t buffer_n
   // `live_numel` elements gathered at once, bucket sizes following the hidden size ("auto"),
   // the CPU accelerator under `memory_budget_bytes`.
   return fmt::format(R"({{
-  "train_micro_batch_size_per_gpu": 2,
-  "gradient_accumulation_steps": 8,
+  "train_micro_batch_size_per_gpu": {},
+  "gradient_accumulation_steps": {},
   "optimizer": {{"type": "AdamW",
                  "params": {{"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8,
                              "weight_decay": 0.0}}}},
@@ -174,13 +249,15 @@ std::string default_train_config(uint64_t memory_budget_bytes, uint64_t buffer_n
   "steps_per_print": 10,
   "zinf": {{"accelerator": {{"type": "cpu", "memory_budget": {}}}}}
 }})",
-                     scheduler, buffer_numel, live_numel, memory_budget_bytes);
+                     kDefaultMicroBatch, kDefaultGradAccum, scheduler, buffer_numel, live_numel,
+                     memory_budget_bytes);
 }
 
 std::string model_names() { return engine::named_llama_list(); }
 
 int run_train(const TrainArgs& args) {
-  InterruptScope interrupt_scope;
+  // The first signal finishes the step, the second abandons it, the third kills.
+  InterruptScope interrupt_scope(3);
   const bool bare = args.config.empty();
   int rank = 0;
   try {
@@ -199,16 +276,26 @@ int run_train(const TrainArgs& args) {
       }
     };
 
+    // ---- the --save folder: writable, and no other run's checkpoints replaced ----------------
+    std::optional<SaveFolderState> save_folder;
+    if (!args.save.empty()) {
+      save_folder = check_save_folder(args.save, args.load, args.overwrite);
+    } else if (args.overwrite) {
+      throw std::invalid_argument("--overwrite is for --save; no --save folder was given");
+    }
+
+    // ---- the --plot path: a run does not learn at its end that the PNG cannot be written ----
+    if (!args.plot.empty()) {
+      if (const std::string why = plot_path_problem(args.plot); !why.empty()) {
+        throw std::invalid_argument(fmt::format("--plot {}: {}", args.plot, why));
+      }
+    }
+
     // ---- data: its vocabulary sizes the model -----------------------------------------------
-    std::string corpus_note;
-    std::unique_ptr<data::TokenSource> source =
-        args.data.empty() ? data::default_corpus(&corpus_note) : data::open_data(args.data);
     const int64_t seq_len = args.seq_len.value_or(kBareSeqLen);
     if (seq_len < 1) throw std::invalid_argument(fmt::format("--seq-len {} must be >= 1", seq_len));
-
     // --init-from: the Hugging Face folder gives the model's shape and its initial weights.
     std::optional<engine::HfCheckpoint> hf;
-    std::optional<engine::LlamaConfig> model;
     if (!args.init_from.empty()) {
       if (!args.model.empty()) {
         throw std::invalid_argument(
@@ -216,6 +303,30 @@ int run_train(const TrainArgs& args) {
             "folder's config.json describes it; leave --model out");
       }
       hf.emplace(engine::HfCheckpoint::open(args.init_from));
+    }
+    // Token ids are checked against the model's vocabulary as the file is opened (the first
+    // id past it is named with its offset); a named model takes its vocabulary from the data,
+    // up to kMaxNamedVocab.
+    std::string corpus_note;
+    std::unique_ptr<data::TokenSource> source;
+    if (args.data.empty()) {
+      source = data::default_corpus(&corpus_note);
+    } else {
+      const auto limit = static_cast<uint32_t>(hf ? hf->config().vocab_size : kMaxNamedVocab);
+      try {
+        source = data::open_data(args.data, hf ? limit : 0, hf ? 0 : limit);
+      } catch (const data::DataError& e) {
+        throw data::DataError(
+            hf ? fmt::format("{} ({}'s vocab_size)", e.what(), args.init_from)
+               : fmt::format("{}: the named models (--model) take their vocabulary from the "
+                             "data, up to {} ids; for a larger one, --init-from a model whose "
+                             "vocab_size covers the data",
+                             e.what(), kMaxNamedVocab));
+      }
+    }
+
+    std::optional<engine::LlamaConfig> model;
+    if (hf) {
       model = hf->config();
       if (source->vocab_size() > static_cast<uint64_t>(model->vocab_size)) {
         throw std::invalid_argument(
@@ -244,6 +355,28 @@ int run_train(const TrainArgs& args) {
       throw std::invalid_argument(
           fmt::format("--save-interval {} must be >= 0", args.save_interval));
     }
+    // A tag this run will save that holds files zinf did not write would be refused at that
+    // save (engine/checkpoint.h): say so now, not after training.
+    if (save_folder && !save_folder->created) {
+      std::vector<int64_t> saved_steps;
+      for (int64_t s = args.save_interval; args.save_interval > 0 && s < steps;
+           s += args.save_interval) {
+        saved_steps.push_back(s);
+      }
+      saved_steps.push_back(steps);
+      for (const int64_t s : saved_steps) {
+        const std::string tag = fmt::format("global_step{}", s);
+        const std::vector<std::string> foreign =
+            engine::foreign_checkpoint_entries((fs::path(args.save) / tag).string());
+        if (!foreign.empty()) {
+          throw std::invalid_argument(fmt::format(
+              "--save {}: this run saves {}, but {} holds {} that zinf did not write ({}), and "
+              "zinf does not delete files it did not write: move them away or save elsewhere",
+              args.save, tag, (fs::path(args.save) / tag).string(),
+              foreign.size() == 1 ? "an entry" : "entries", fmt::join(foreign, ", ")));
+        }
+      }
+    }
 
     // ---- config ------------------------------------------------------------------------------
     std::optional<TempFolder> swap;
@@ -253,6 +386,9 @@ int run_train(const TrainArgs& args) {
     overrides.lr = args.lr;
     overrides.steps = steps;
     overrides.world_size = launch.world_size;
+    if (!args.memory_budget.empty()) {
+      overrides.memory_budget = parse_byte_size(args.memory_budget, "--memory-budget");
+    }
     nlohmann::json root;
     std::string source_name;
     if (bare) {
@@ -277,6 +413,21 @@ int run_train(const TrainArgs& args) {
     options.activation_bytes =
         engine::llama_activation_bytes(*model, micro, seq_len, dtype == at::kFloat ? 4 : 2);
     const int64_t global_batch = micro * cfg.zero.gradient_accumulation_steps * launch.world_size;
+    const engine::MemoryPlan plan =
+        engine::plan_memory(llama_plan_inputs(*model, cfg, launch.world_size, micro, seq_len));
+    // The bare config's budget, 1/4 of the model states, is below what the smallest models
+    // need at once (one decoder layer gathered, the resident embedding and head, activations):
+    // it is raised to that, and said so.
+    std::string budget_note;
+    if (bare && !overrides.memory_budget && plan.device_total() > options.memory_budget) {
+      constexpr uint64_t kRound = 64 * 1024;
+      const uint64_t raised = (plan.device_total() + kRound - 1) / kRound * kRound;
+      budget_note = fmt::format(
+          "accelerator budget raised from {} (1/4 of the model states) to {}, what this model "
+          "needs at once; --memory-budget sets it",
+          engine::format_bytes(options.memory_budget), engine::format_bytes(raised));
+      options.memory_budget = raised;
+    }
     const int64_t tokens_per_step = global_batch * seq_len;
 
     // ---- start-up lines ------------------------------------------------------------------------
@@ -286,6 +437,7 @@ int run_train(const TrainArgs& args) {
     for (const auto& w : cfg.warnings) say("warning: " + w);
     for (const auto& line : override_lines) say("  " + line);
     for (const auto& line : config::resolved_lines(cfg)) say("  " + line);
+    if (!budget_note.empty()) say("  " + budget_note);
     say(fmt::format(
         "model {}: {:.2f} M parameters ({} layers, hidden {}, {} heads, vocab {}), "
         "{}; model states {} ({} B/param) = {:.1f}x the {} accelerator budget {}",
@@ -315,10 +467,37 @@ int run_train(const TrainArgs& args) {
                     global_batch, seq_len, tokens_per_step, micro,
                     cfg.zero.gradient_accumulation_steps, launch.world_size, steps));
     if (swap) say(fmt::format("swap folder: {} (removed at the end)", swap->path()));
+    if (save_folder) {
+      const SaveFolderState& f = *save_folder;
+      say(fmt::format(
+          "checkpoints: {}{}{}", args.save,
+          args.save_interval > 0 ? fmt::format(" every {} steps and at the end", args.save_interval)
+                                 : std::string(" at the end"),
+          f.created           ? " (folder created)"
+          : f.resumes_from_it ? " (the folder --load resumes from)"
+          : f.overwrite_allowed && (!f.latest.empty() || !f.tags.empty())
+              ? fmt::format(" (--overwrite: its {} checkpoint(s) of another run are replaced where "
+                            "this run saves the same tag; latest was {})",
+                            f.tags.size(), f.latest.empty() ? "-" : f.latest)
+              : ""));
+    }
     if (hf) {
       say(fmt::format("initial weights: {} ({}{}), each parameter read as it is partitioned",
                       hf->directory(), hf->describe(),
                       hf->torch_dtype().empty() ? "" : ", " + hf->torch_dtype()));
+    }
+
+    // ---- the memory plan, before anything is allocated ------------------------------------
+    // The Engine checks its plan again once the module exists; this comes first because
+    // building the module allocates every parameter in full on the host.
+    {
+      engine::PlanLimits limits;
+      limits.device_budget = options.memory_budget;
+      limits.pinned_limit = cfg.zero.pinned_memory_limit;
+      limits.check_host = true;
+      limits.host_held_bytes = params * (dtype == at::kFloat ? 4 : 2);
+      limits.ranks_on_node = launch.local_world_size;
+      engine::check_memory_plan(plan, limits);
     }
 
     data::LoaderOptions lo;
@@ -363,6 +542,12 @@ int run_train(const TrainArgs& args) {
       step = eng.global_steps();
       say(fmt::format("checkpoint loaded: {} (step {}; {} in {:.2f} s, {:.2f} GB/s)", r.path, step,
                       engine::format_bytes(r.bytes), r.seconds, r.gb_per_second()));
+      if (step >= steps) {
+        say(fmt::format(
+            "nothing to train: the checkpoint is at step {} and --steps {} counts from the start "
+            "of training; give --steps {} or more to train on",
+            step, steps, step + 1));
+      }
     }
     int64_t saved_step = -1;
     auto save = [&] {
@@ -382,7 +567,10 @@ int run_train(const TrainArgs& args) {
       }
     };
     const double initial_loss_scale = eng.loss_scaler().scale();
+    const int accumulation = eng.gradient_accumulation_steps();
     int sig = 0;
+    std::optional<int64_t> abandoned;  // the step the second signal abandoned
+    SignalWatcher watcher(progress, args.save, launch.launcher != "none");
     while (step < steps && (sig = agreed_signal(eng)) == 0) {
       // A save follows this step: the step writes the optimizer states into it as it updates
       // them (stage 3 with the optimizer on NVMe; elsewhere this does nothing).
@@ -390,13 +578,33 @@ int run_train(const TrainArgs& args) {
           ((args.save_interval > 0 && (step + 1) % args.save_interval == 0) || step + 1 == steps)) {
         (void)eng.prepare_checkpoint(args.save);
       }
-      const engine::StepReport r = eng.train_batch([&](int) {
-        loader.next(micro, inputs, targets);
-        // Cloned: the embedding's backward keeps the token ids.
-        const at::Tensor x = at::from_blob(inputs.data(), {micro, seq_len}, at::kLong).clone();
-        const at::Tensor y = at::from_blob(targets.data(), {micro, seq_len}, at::kLong).clone();
-        return module->loss(x, y);
-      });
+      // The step's micro-batches, shown as they finish; a second signal abandons the step
+      // between two of them.
+      const int64_t position = loader.global_position();
+      if (lead) progress.micro_batch(step + 1, 0, accumulation);
+      for (int mb = 0; mb < accumulation; ++mb) {
+        if (mb > 0 && launch.launcher == "none" && agreed_abandon(eng)) {
+          eng.abandon_step();
+          loader.seek(position);  // a resumed run trains this step's samples
+          abandoned = step + 1;
+          break;
+        }
+        const at::Tensor loss = eng.forward([&] {
+          loader.next(micro, inputs, targets);
+          // Cloned: the embedding's backward keeps the token ids.
+          const at::Tensor x = at::from_blob(inputs.data(), {micro, seq_len}, at::kLong).clone();
+          const at::Tensor y = at::from_blob(targets.data(), {micro, seq_len}, at::kLong).clone();
+          return module->loss(x, y);
+        });
+        eng.backward(loss);
+        (void)eng.step();
+        if (lead) progress.micro_batch(step + 1, mb + 1, accumulation);
+      }
+      if (abandoned) {
+        sig = stop_signal();
+        break;
+      }
+      const engine::StepReport& r = eng.report();
       ++step;
       curve.emplace_back(static_cast<double>(step), r.loss);
       losses.push_back(r.loss);
@@ -411,10 +619,16 @@ int run_train(const TrainArgs& args) {
     const double wall = std::chrono::duration<double>(Clock::now() - start).count();
 
     if (sig != 0) {
-      say(
-          fmt::format("{} received: stopped at the boundary of step {} of {}; swap files "
-                      "removed",
-                      signal_name(sig), step, steps));
+      say(fmt::format(
+          "{} received: stopped at the boundary of step {} of {}; swap files removed{}; {}",
+          signal_name(sig), step, steps,
+          abandoned ? fmt::format("; step {} abandoned (its micro-batches' gradients were "
+                                  "dropped; a resumed run trains it from its first sample)",
+                                  *abandoned)
+                    : std::string(),
+          args.save.empty()    ? std::string("nothing saved (no --save)")
+          : saved_step == step ? fmt::format("step {} saved in {}", step, args.save)
+                               : fmt::format("step {} NOT saved", step)));
     }
     if (lead && !losses.empty()) {
       const engine::MemoryReport mem = eng.memory_report();
@@ -477,6 +691,14 @@ int run_train(const TrainArgs& args) {
   } catch (const engine::HfCheckpointError& e) {
     fmt::print(stderr, "zinf train: {}\n", e.what());
     return 2;
+  } catch (const engine::PlanError& e) {
+    fmt::print(stderr, "zinf train: {}\n", e.what());
+    return 2;
+  } catch (const offload::OffloadError& e) {
+    // A config the offload layer refuses (kConfig) is a usage error; I/O is a run-time one.
+    fmt::print(stderr, "zinf train{}: {}\n",
+               rank != 0 ? fmt::format(" (rank {})", rank) : std::string(), e.what());
+    return e.kind() == offload::ErrorKind::kConfig ? 2 : 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "zinf train{}: {}\n",
                rank != 0 ? fmt::format(" (rank {})", rank) : std::string(), e.what());

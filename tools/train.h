@@ -35,20 +35,31 @@ struct TrainArgs {
   std::string nvme_path;                     // swap folder (replaces the config's)
   std::string plot = "zinf-train-loss.png";  // the loss curve PNG; "" to skip
   std::optional<int> threads;                // compute threads per rank
-  std::string init_from;                     // Hugging Face Llama folder: model and weights
+  std::string memory_budget;  // zinf.accelerator.memory_budget ("2GiB"); "": config's
+  std::string init_from;      // Hugging Face Llama folder: model and weights
   // Checkpoints (engine/checkpoint.h). --steps counts from the start of training, so a run
   // resumed at step k with --steps n trains n - k more.
   std::string save;           // save every save_interval steps and at the end; "": none
   int64_t save_interval = 0;  // 0: only at the end (and at Ctrl-C)
   std::string load;           // resume from this folder's `latest` (or `tag`)
   std::string tag;            // the checkpoint --load reads
+  bool overwrite = false;     // --save may replace another run's checkpoints (tag by tag)
 };
 
 inline constexpr const char* kBareModel = "small";
+// The largest vocabulary a named model (--model) takes from its data: 2^18 ids, past every
+// open model's tokenizer. A token file with a larger id (a corrupt one, or one made for
+// another model) is refused naming the id's offset, before any model is planned.
+inline constexpr uint32_t kMaxNamedVocab = 262144;
 
 // The named model sizes `--model` takes ("tiny, small, ..."), for the help text.
 [[nodiscard]] std::string model_names();
 inline constexpr int64_t kDefaultSteps = 60;
+// The batch a config leaves wholly to the command line (every batch size "auto", no
+// --micro-batch / --grad-accum) gets, as the bare config does: 2 samples per micro-batch, 8
+// micro-batches per step.
+inline constexpr int64_t kDefaultMicroBatch = 2;
+inline constexpr int64_t kDefaultGradAccum = 8;
 inline constexpr int64_t kBareSeqLen = 64;
 
 // Runs the training; returns the process exit code: 0, 1 on an error (printed to stderr), 2

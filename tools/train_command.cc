@@ -44,6 +44,10 @@ void add_train_commands(CLI::App& app, int& exit_code) {
   cmd->add_option("--threads", args->threads,
                   "Compute threads per rank (default: zinf.threads, else OMP_NUM_THREADS, else "
                   "cores / ranks on this node)");
+  cmd->add_option("--memory-budget", args->memory_budget,
+                  "The accelerator's memory budget, e.g. 512MiB or 2GB: replaces the config's "
+                  "zinf.accelerator.memory_budget (a bare run's default is 1/4 of the model "
+                  "states, raised to what one decoder layer needs)");
   cmd->add_option("--init-from", args->init_from,
                   "Hugging Face Llama folder (config.json + model.safetensors or shards with "
                   "model.safetensors.index.json): the model's shape and initial weights")
@@ -57,6 +61,10 @@ void add_train_commands(CLI::App& app, int& exit_code) {
                   "Resume from this checkpoint folder's latest (or --tag): weights, optimizer, "
                   "step count, LR schedule and data position");
   cmd->add_option("--tag", args->tag, "The checkpoint --load reads (default: its latest)");
+  cmd->add_flag("--overwrite", args->overwrite,
+                "Let --save write into a folder holding another run's checkpoints (without "
+                "it, only a run that --load's from that folder may); they are replaced tag by "
+                "tag, files zinf did not write are never touched");
   cmd->callback([args, &exit_code] { exit_code = run_train(*args); });
 
   auto eargs = std::make_shared<EstimateArgs>();

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -81,6 +82,12 @@ void apply_lr_override(RunConfig& c, const ConfigOverrides& o, config::AutoConte
 }  // namespace
 
 nlohmann::json load_config_json(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw config::ConfigError(path, "",
+                              "is a folder, not a config file: give the JSON file (such as "
+                              "ds_config.json) itself");
+  }
   std::ifstream in(path);
   std::stringstream text;
   if (in) text << in.rdbuf();
@@ -132,6 +139,14 @@ RunConfig resolve_run_config(nlohmann::json root, const std::string& source,
     lines.push_back(fmt::format("zinf.nvme_paths = [\"{}\"] (--nvme-path)", overrides.nvme_path));
   }
   RunConfig c = config::parse_config_json(root, source);
+  if (overrides.memory_budget) {
+    if (*overrides.memory_budget == 0) {
+      throw std::invalid_argument("--memory-budget must be more than 0 bytes");
+    }
+    c.zinf.memory_budget_bytes = overrides.memory_budget;
+    lines.push_back(fmt::format("zinf.accelerator.memory_budget = {} (--memory-budget)",
+                                engine::format_bytes(*overrides.memory_budget)));
+  }
 
   config::AutoContext ctx;
   ctx.world_size = overrides.world_size;
@@ -140,11 +155,28 @@ RunConfig resolve_run_config(nlohmann::json root, const std::string& source,
   ctx.param_numels = llama_swapped_param_numels(model);
   ctx.cuda_available = offload::cuda_device_count() > 0;
   ctx.check_paths = overrides.check_paths;
+  ctx.default_micro_batch_per_gpu = kDefaultMicroBatch;
+  ctx.default_gradient_accumulation_steps = kDefaultGradAccum;
   apply_batch_overrides(c, overrides, ctx, lines);
   apply_lr_override(c, overrides, ctx, lines);
   config::resolve_auto(c, ctx);
   if (override_lines != nullptr) *override_lines = std::move(lines);
   return c;
+}
+
+engine::PlanInputs llama_plan_inputs(const engine::LlamaConfig& model,
+                                     const config::RunConfig& config, int world_size,
+                                     int64_t micro_batch, int64_t seq_len) {
+  engine::PlanInputs in;
+  for (const auto& s : engine::llama_parameter_shapes(model)) {
+    in.params.push_back({static_cast<uint64_t>(s.numel), true, s.in_block, !s.in_block});
+  }
+  in.zero = config.zero;
+  in.world_size = world_size;
+  in.optimizer_states = static_cast<size_t>(config.optimizer.states_per_param() - 2);
+  const int64_t element_bytes = config.zero.precision == zero::Precision::kFloat32 ? 4 : 2;
+  in.activation_bytes = engine::llama_activation_bytes(model, micro_batch, seq_len, element_bytes);
+  return in;
 }
 
 at::ScalarType parameter_dtype(zero::Precision precision) {

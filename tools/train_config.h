@@ -23,6 +23,7 @@
 
 #include "engine/config/run_config.h"
 #include "engine/engine.h"
+#include "engine/memory_plan.h"
 #include "engine/model/llama.h"
 
 namespace zinf::tools {
@@ -32,8 +33,9 @@ struct ConfigOverrides {
   std::optional<int64_t> micro_batch;
   std::optional<int64_t> grad_accum;
   std::optional<double> lr;
-  std::optional<int64_t> steps;  // the run's steps (scheduler "auto" total_num_steps)
-  std::string nvme_path;         // zinf.nvme_paths = [nvme_path] when not empty
+  std::optional<int64_t> steps;           // the run's steps (scheduler "auto" total_num_steps)
+  std::string nvme_path;                  // zinf.nvme_paths = [nvme_path] when not empty
+  std::optional<uint64_t> memory_budget;  // zinf.accelerator.memory_budget in bytes
   int world_size = 1;
   bool check_paths = true;  // probe the swap folders (off for `zinf estimate`)
 };
@@ -65,6 +67,13 @@ inline constexpr uint64_t kStateBytesPerParam = 16;
 // ZeroBlocks), in registration order, for resolve_auto's swap-buffer check. The embedding,
 // the final norm and an untied lm_head are used outside every block and stay resident.
 [[nodiscard]] std::vector<uint64_t> llama_swapped_param_numels(const engine::LlamaConfig& model);
+
+// The memory plan's inputs for `model` under a resolved config, as the Engine will form
+// them from the built module: every parameter trainable, the decoder layers' in blocks and
+// the rest used outside them; activations for `micro_batch` samples of `seq_len` tokens.
+[[nodiscard]] engine::PlanInputs llama_plan_inputs(const engine::LlamaConfig& model,
+                                                   const config::RunConfig& config, int world_size,
+                                                   int64_t micro_batch, int64_t seq_len);
 
 // The element type the parameters are kept in under `precision`.
 [[nodiscard]] at::ScalarType parameter_dtype(zero::Precision precision);

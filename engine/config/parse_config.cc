@@ -708,6 +708,10 @@ void check_offload(ParseContext& ctx, RunConfig& c) {
                                                                        : ", exp_avg",
                          c.optimizer.states_per_param()));
   }
+  if (z.sub_group_size == 0) {
+    ctx.fail("zero_optimization.sub_group_size",
+             "0 elements per sub-group: the optimizer updates at least one element at a time");
+  }
   if (z.offload_param == zero::OffloadTarget::kNvme) {
     if (z.param_buffer_count == 0) {
       ctx.fail("zero_optimization.offload_param.buffer_count",

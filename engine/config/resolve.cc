@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -63,6 +64,19 @@ void Resolver::batch() {
 
   std::optional<int64_t>&train = b.train_batch_size, &micro = b.micro_batch_per_gpu,
   &accumulation = b.gradient_accumulation_steps;
+  // Every batch size "auto" (as the HF Trainer writes them) and none on the command line:
+  // the command line's defaults, as the Trainer fills them from its own.
+  if (!train && !micro && c_.is_auto("train_micro_batch_size_per_gpu") &&
+      ctx_.default_micro_batch_per_gpu) {
+    micro = *ctx_.default_micro_batch_per_gpu;
+    record("train_micro_batch_size_per_gpu", *micro,
+           "the command line's default (--micro-batch sets it)");
+    if (!accumulation && ctx_.default_gradient_accumulation_steps) {
+      accumulation = *ctx_.default_gradient_accumulation_steps;
+      record("gradient_accumulation_steps", *accumulation,
+             "the command line's default (--grad-accum sets it)");
+    }
+  }
   if (!train && !micro) {
     fail("train_micro_batch_size_per_gpu",
          "no batch size: give train_batch_size or train_micro_batch_size_per_gpu (a number, or "
@@ -251,6 +265,37 @@ std::vector<std::string> resolved_lines(const RunConfig& config) {
   return lines;
 }
 
+namespace {
+
+// The name of the virtual file system `dir` is on (procfs, sysfs, ...), or nullptr.
+const char* virtual_file_system(const std::string& dir) {
+  struct statfs fs {};
+  if (::statfs(dir.c_str(), &fs) != 0) return nullptr;
+  switch (static_cast<uint64_t>(fs.f_type)) {
+    case 0x9fa0:  // PROC_SUPER_MAGIC
+      return "procfs";
+    case 0x62656572:  // SYSFS_MAGIC
+      return "sysfs";
+    case 0x1cd1:  // DEVPTS_SUPER_MAGIC
+      return "devpts";
+    case 0x27e0eb:    // CGROUP_SUPER_MAGIC
+    case 0x63677270:  // CGROUP2_SUPER_MAGIC
+      return "cgroupfs";
+    case 0x64626720:  // DEBUGFS_MAGIC
+      return "debugfs";
+    case 0x74726163:  // TRACEFS_MAGIC
+      return "tracefs";
+    case 0x73636673:  // SECURITYFS_MAGIC
+      return "securityfs";
+    case 0xcafe4a11:  // BPF_FS_MAGIC
+      return "bpffs";
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace
+
 void check_nvme_paths(const RunConfig& config) {
   for (size_t i = 0; i < config.zero.nvme_paths.size(); ++i) {
     const std::string& dir = config.zero.nvme_paths[i];
@@ -263,10 +308,33 @@ void check_nvme_paths(const RunConfig& config) {
                            : fmt::format("cannot be read: {}", std::strerror(errno)));
     }
     if (!S_ISDIR(st.st_mode)) fail("is not a directory");
+    // zinf.nvme_paths stripes each tier over its folders: one folder twice (also under
+    // another name) would put two stripes in one place. (The two tiers' own nvme_path may
+    // name one folder: each keeps its own file.)
+    for (size_t j = 0; !config.zinf.nvme_paths.empty() && j < i; ++j) {
+      struct stat other {};
+      if (::stat(config.zero.nvme_paths[j].c_str(), &other) == 0 && other.st_dev == st.st_dev &&
+          other.st_ino == st.st_ino) {
+        fail(fmt::format("is the folder {} already lists ({}): give each folder once",
+                         nvme_path_key(config, j), config.zero.nvme_paths[j]));
+      }
+    }
+    if (const char* fs = virtual_file_system(dir)) {
+      fail(
+          fmt::format("is on {}, a virtual file system that holds no files: give a folder on "
+                      "a disk",
+                      fs));
+    }
     // Permission bits do not tell (root, read-only mounts, ACLs): create a file and remove it.
     std::string probe = dir + "/.zinf_write_probe.XXXXXX";
     const int fd = ::mkstemp(probe.data());
-    if (fd < 0) fail(fmt::format("is not writable: {}", std::strerror(errno)));
+    if (fd < 0) {
+      const int err = errno;
+      fail(err == EACCES || err == EROFS || err == EPERM
+               ? fmt::format("is not writable: {}", std::strerror(err))
+               : fmt::format("cannot hold a new file: creating one there fails: {}",
+                             std::strerror(err)));
+    }
     ::close(fd);
     ::unlink(probe.c_str());
   }

@@ -50,6 +50,10 @@ struct AutoContext {
   std::optional<int64_t> warmup_steps;                 // scheduler warmup_num_steps
   std::optional<double> max_grad_norm;                 // gradient_clipping
   std::optional<zero::Precision> precision;            // fp16.enabled / bf16.enabled
+  // The command line's defaults, for a file whose batch sizes are all "auto" (a Hugging Face
+  // Trainer config) and a command line that gives none: unset, such a file is refused.
+  std::optional<int64_t> default_micro_batch_per_gpu;
+  std::optional<int64_t> default_gradient_accumulation_steps;
 
   // From the model.
   std::optional<int64_t> hidden_size;

@@ -52,14 +52,19 @@ class TokenSource {
 [[nodiscard]] std::unique_ptr<TokenSource> open_byte_text(const std::string& path);
 
 // A flat little-endian array of uint16 (width 2) or uint32 (width 4) token ids,
-// memory-mapped. `vocab_size` 0: the largest id + 1 (one pass over the file); otherwise every
-// id must be below it (checked in one pass, naming the offset of the first that is not).
+// memory-mapped. `vocab_size` 0: the largest id + 1 (one pass over the file), which must not
+// exceed `max_vocab` when that is not 0; otherwise every id must be below `vocab_size`.
+// Either check is one pass, naming the offset of the first id that fails it.
 [[nodiscard]] std::unique_ptr<TokenSource> open_token_file(const std::string& path, int width,
-                                                           uint32_t vocab_size = 0);
+                                                           uint32_t vocab_size = 0,
+                                                           uint32_t max_vocab = 0);
 
 // A file chosen by name: "*.u16" / "*.bin16" -> uint16 tokens, "*.u32" / "*.bin32" -> uint32
-// tokens, anything else byte-level text.
-[[nodiscard]] std::unique_ptr<TokenSource> open_data(const std::string& path);
+// tokens (with open_token_file's `vocab_size` and `max_vocab`), anything else byte-level text
+// (vocab 256, which must fit both when they are given).
+[[nodiscard]] std::unique_ptr<TokenSource> open_data(const std::string& path,
+                                                     uint32_t vocab_size = 0,
+                                                     uint32_t max_vocab = 0);
 
 // The default corpus: the fortunes files' text concatenated (byte-level), or, when none is
 // found under `fortunes_dir`, a generated text corpus; `note` receives one line saying which

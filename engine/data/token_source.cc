@@ -110,7 +110,7 @@ std::unique_ptr<TokenSource> open_byte_text(const std::string& path) {
 }
 
 std::unique_ptr<TokenSource> open_token_file(const std::string& path, int width,
-                                             uint32_t vocab_size) {
+                                             uint32_t vocab_size, uint32_t max_vocab) {
   if (width != 2 && width != 4) {
     throw DataError(path + ": token width " + std::to_string(width) +
                     " is not supported (2 for uint16, 4 for uint32)");
@@ -132,6 +132,12 @@ std::unique_ptr<TokenSource> open_token_file(const std::string& path, int width,
                       std::to_string(offset) + " (token " + std::to_string(offset / width) +
                       ") is not below the vocab size " + std::to_string(vocab_size));
     }
+    if (vocab_size == 0 && max_vocab != 0 && id >= max_vocab) {
+      throw DataError(path + ": token id " + std::to_string(id) + " at byte offset " +
+                      std::to_string(offset) + " (token " + std::to_string(offset / width) +
+                      ") is not below the largest vocabulary allowed, " +
+                      std::to_string(max_vocab));
+    }
     largest = std::max(largest, id);
   }
   if (vocab_size == 0) {
@@ -144,14 +150,21 @@ std::unique_ptr<TokenSource> open_token_file(const std::string& path, int width,
   return std::make_unique<MappedTokenFile>(std::move(file), width, vocab_size);
 }
 
-std::unique_ptr<TokenSource> open_data(const std::string& path) {
+std::unique_ptr<TokenSource> open_data(const std::string& path, uint32_t vocab_size,
+                                       uint32_t max_vocab) {
   if (ends_with(path, ".u16") || ends_with(path, ".bin16")) {
-    return open_token_file(path, 2);
+    return open_token_file(path, 2, vocab_size, max_vocab);
   }
   if (ends_with(path, ".u32") || ends_with(path, ".bin32")) {
-    return open_token_file(path, 4);
+    return open_token_file(path, 4, vocab_size, max_vocab);
   }
-  return open_byte_text(path);
+  std::unique_ptr<TokenSource> text = open_byte_text(path);
+  const uint32_t limit = vocab_size != 0 ? vocab_size : max_vocab;
+  if (limit != 0 && limit < text->vocab_size()) {
+    throw DataError(path + ": byte-level text has 256 token ids, more than the vocab size " +
+                    std::to_string(limit));
+  }
+  return text;
 }
 
 double unigram_entropy_nats(const TokenSource& source) {

@@ -311,10 +311,18 @@ TEST(ResolveTest, NvmePathsMustExistAndBeWritable) {
   expect_error(error_of([&] { resolve_auto(c, ctx); }), "zero_optimization.offload_param.nvme_path",
                {file, "is not a directory"});
 
-  // /proc takes no new files, even as root.
+  // /proc takes no new files, even as root: named as a virtual file system, not as a
+  // permission problem (whose errno text, ENOENT, misled).
   c = parse(nvme_config("/proc", "/proc"));
   expect_error(error_of([&] { check_nvme_paths(c); }), "zero_optimization.offload_param.nvme_path",
-               {"/proc", "is not writable"});
+               {"/proc", "is on procfs, a virtual file system"});
+
+  // zinf.nvme_paths listing one folder twice (under two spellings) is a config error.
+  c = parse(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme"}}, "zinf": {"nvme_paths": [")" +
+            dir.path() + R"(", ")" + dir.path() + R"(/."]}})");
+  expect_error(error_of([&] { check_nvme_paths(c); }), "zinf.nvme_paths[1]",
+               {"give each folder once"});
 
   // zinf.nvme_paths entries are named by index.
   c = parse(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3,

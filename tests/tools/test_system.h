@@ -34,9 +34,23 @@ struct ZinfRun {
   int term_signal = 0;  // the signal that killed the child, 0 if it exited
   bool timed_out = false;
   bool signal_sent = false;
+  int signals_sent = 0;
+  // Seconds from the last signal sent to the child's end.
+  double seconds_after_last_signal = 0.0;
   std::string out;
   std::string err;
 };
+
+// One signal to send when `when(stdout so far)` first holds (after the signals before it).
+struct SignalTrigger {
+  std::function<bool(const std::string&)> when;
+  int signal_number = SIGINT;
+};
+
+// Runs ZINF_BINARY with `args`, sending each trigger's signal in turn. The child is killed
+// (SIGKILL) when it has not ended after `timeout_s`.
+inline ZinfRun run_zinf_signals(const std::vector<std::string>& args,
+                                const std::vector<SignalTrigger>& triggers, int timeout_s = 120);
 
 // Runs ZINF_BINARY with `args`. When `send_when` is given, `signal_number` is sent to the
 // child the first time send_when(stdout so far) is true. The child is killed (SIGKILL) when
@@ -44,7 +58,15 @@ struct ZinfRun {
 inline ZinfRun run_zinf(const std::vector<std::string>& args,
                         const std::function<bool(const std::string&)>& send_when = {},
                         int signal_number = SIGINT, int timeout_s = 120) {
+  std::vector<SignalTrigger> triggers;
+  if (send_when) triggers.push_back({send_when, signal_number});
+  return run_zinf_signals(args, triggers, timeout_s);
+}
+
+inline ZinfRun run_zinf_signals(const std::vector<std::string>& args,
+                                const std::vector<SignalTrigger>& triggers, int timeout_s) {
   ZinfRun run;
+  std::chrono::steady_clock::time_point last_signal{};
   std::vector<std::string> argv_text = {ZINF_BINARY};
   argv_text.insert(argv_text.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -99,9 +121,12 @@ inline ZinfRun run_zinf(const std::vector<std::string>& args,
       }
       (i == 0 ? run.out : run.err).append(buffer, static_cast<size_t>(got));
     }
-    if (send_when && !run.signal_sent && send_when(run.out)) {
-      ::kill(pid, signal_number);
+    const auto next = static_cast<size_t>(run.signals_sent);
+    if (next < triggers.size() && triggers[next].when(run.out)) {
+      ::kill(pid, triggers[next].signal_number);
       run.signal_sent = true;
+      ++run.signals_sent;
+      last_signal = std::chrono::steady_clock::now();
     }
   }
   for (pollfd& p : fds) {
@@ -112,6 +137,10 @@ inline ZinfRun run_zinf(const std::vector<std::string>& args,
   }
   if (WIFEXITED(status)) run.exit_code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) run.term_signal = WTERMSIG(status);
+  if (run.signal_sent) {
+    run.seconds_after_last_signal =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - last_signal).count();
+  }
   return run;
 }
 
