@@ -10,6 +10,7 @@
 
 #include "aio/backend.h"
 #include "aio/error.h"
+#include "engine/config/run_config.h"
 #include "tools/aio_config_json.h"
 #include "tools/byte_size.h"
 #include "tools/commands.h"
@@ -89,10 +90,11 @@ std::string describe(const aio::AioConfig& c) {
                      c.overlap_events ? "overlapped" : "sequential");
 }
 
-// Runs `body`, turning the errors a user can cause into one line on stderr and exit code 1
-// (2 for a job the target's filesystem has no room for: a usage error), and SIGINT/SIGTERM into one
-// line saying what was interrupted and exit code 128 + signal (the body has drained its I/O and
-// removed its temporary files on the way out).
+// Runs `body`, turning the errors a user can cause into one line on stderr: exit code 2 for a
+// usage or config error (a bad value, a path that cannot be used, a config file the tuner
+// refuses, a job the target's filesystem has no room for), 1 for a run-time failure (an I/O
+// error); SIGINT/SIGTERM into one line saying what was interrupted and exit code 128 + signal
+// (the body has drained its I/O and removed its temporary files on the way out).
 void guarded(int& exit_code, const std::function<void()>& body) {
   try {
     InterruptScope interrupts;
@@ -105,6 +107,12 @@ void guarded(int& exit_code, const std::function<void()>& body) {
     fmt::print(stderr, "zinf: I/O error: {}\n", e.what());
     exit_code = 1;
   } catch (const NotEnoughSpace& e) {
+    fmt::print(stderr, "zinf: {}\n", e.what());
+    exit_code = 2;
+  } catch (const std::invalid_argument& e) {
+    fmt::print(stderr, "zinf: {}\n", e.what());
+    exit_code = 2;
+  } catch (const config::ConfigError& e) {
     fmt::print(stderr, "zinf: {}\n", e.what());
     exit_code = 2;
   } catch (const std::exception& e) {

@@ -192,6 +192,10 @@ void add_zero_to_fp32_command(CLI::App& app, int& exit_code) {
                  "choose another folder\n",
                  e.files().front(), names);
       exit_code = 2;
+    } catch (const std::invalid_argument& e) {
+      // A bad option value (--dtype, --chunk-size, ...): a usage error.
+      fmt::print(stderr, "zinf zero-to-fp32: {}\n", e.what());
+      exit_code = 2;
     } catch (const std::exception& e) {
       fmt::print(stderr, "zinf zero-to-fp32: {}\n", e.what());
       exit_code = 1;

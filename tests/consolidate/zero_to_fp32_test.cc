@@ -517,12 +517,12 @@ TEST_F(ZeroToFp32Test, CommandLineWritesShardsAndReportsErrors) {
 
   run = zinf::testing::run_zinf(
       {"zero-to-fp32", checkpoint("s1_ws1_fp16"), output("cli_dtype"), "--dtype", "fp64"});
-  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_EQ(run.exit_code, 2);  // a usage error
   EXPECT_NE(run.err.find("--dtype"), std::string::npos) << run.err;
 
   run = zinf::testing::run_zinf(
       {"zero-to-fp32", checkpoint("s1_ws1_fp16"), output("cli_chunk"), "--chunk-size", "100"});
-  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_EQ(run.exit_code, 2);
   EXPECT_NE(run.err.find("--chunk-size"), std::string::npos) << run.err;
 }
 

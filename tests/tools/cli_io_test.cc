@@ -99,7 +99,7 @@ TEST(CliIo, BadValuesAreRefusedBeforeTheHeader) {
     args.insert(args.end(), extra.begin(), extra.end());
     ZinfRun run = run_zinf(args);
     std::string what = extra[extra.size() - 2] + " " + extra.back();
-    EXPECT_EQ(run.exit_code, 1) << what << "\n" << run.out << run.err;
+    EXPECT_EQ(run.exit_code, 2) << what << "\n" << run.out << run.err;
     EXPECT_EQ(run.out, "") << what << ": a header was printed before the error";
     EXPECT_NE(run.err.find(extra[extra.size() - 2]), std::string::npos)
         << what << ": the error does not name the option: " << run.err;
@@ -122,7 +122,7 @@ TEST(CliIo, ReadOnAReadOnlyFilesystem) {
   // In a folder without zinf-io.dat the file would have to be written first: the error says
   // the filesystem is read-only (before anything is printed), not "opening for writing".
   ZinfRun folder = run_zinf({"io", dir.path(), "--read", "--size", "1M", "--loops", "1"});
-  EXPECT_EQ(folder.exit_code, 1) << folder.out << folder.err;
+  EXPECT_EQ(folder.exit_code, 2) << folder.out << folder.err;
   EXPECT_NE(folder.err.find("read-only"), std::string::npos) << folder.err;
   EXPECT_EQ(folder.err.find("opening for writing"), std::string::npos) << folder.err;
   EXPECT_EQ(folder.out, "");

@@ -53,7 +53,7 @@ TEST_F(CliTuneConfig, BadConfigIsRefusedBeforeTheFirstRun) {
     std::string path = dir_.file("ds_config.json");
     std::ofstream(path, std::ios::trunc) << c.text;
     ZinfRun run = tune(path);
-    EXPECT_EQ(run.exit_code, 1) << c.text << "\n" << run.out << run.err;
+    EXPECT_EQ(run.exit_code, 2) << c.text << "\n" << run.out << run.err;
     EXPECT_EQ(run.out.find("[ 1/"), std::string::npos) << c.text << ": a run was made\n" << run.out;
     for (const std::string& e : c.expected) {
       EXPECT_NE(run.err.find(e), std::string::npos) << c.text << ": no '" << e << "' in\n"
@@ -86,7 +86,7 @@ TEST_F(CliTuneConfig, OnlyTheAioBlockChanges) {
 TEST_F(CliTuneConfig, MissingFileIsCreatedOnlyWithCreate) {
   std::string path = dir_.file("new.json");
   ZinfRun refused = tune(path);
-  EXPECT_EQ(refused.exit_code, 1) << refused.out << refused.err;
+  EXPECT_EQ(refused.exit_code, 2) << refused.out << refused.err;
   EXPECT_NE(refused.err.find("--create"), std::string::npos) << refused.err;
   EXPECT_EQ(refused.out.find("[ 1/"), std::string::npos) << refused.out;
   EXPECT_FALSE(std::filesystem::exists(path));
