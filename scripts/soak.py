@@ -563,8 +563,8 @@ def plot(out, args, wins, rows):
         lo, hi = min(values), max(values)
         half = max((hi - lo) / 2 * 1.2, span / 2)
         mid = (lo + hi) / 2
-        lines += [
-            f"set yrange [{max(0.0, mid - half):.6f}:{mid + half:.6f}]",
+        lines += [  # more room below, for the key
+            f"set yrange [{max(0.0, mid - 1.6 * half):.6f}:{mid + half:.6f}]",
             f"set object 1 rect from 0, graph 0 to {b_lo}, graph 1 fc rgb '#eeeeee' "
             "fs solid noborder behind",
             f"set object 2 rect from {b_lo}, graph 0 to {b_hi}, graph 1 fc rgb '#dde8ff' "
