@@ -4,6 +4,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <gloo/common/error.h>
+#include <gloo/context.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/unbound_buffer.h>
 
@@ -141,6 +142,23 @@ Chunks split_chunks(size_t total, int world) {
 
 int ring_index(int64_t i, int world) { return static_cast<int>(((i % world) + world) % world); }
 
+// ProcessGroupGloo whose Gloo contexts' timeout can be set once it is connected. Its
+// constructor gives the contexts the time the rendezvous has left, and LibTorch 1.13's
+// collectives wait on the context's timeout (they ignore the per-call options.timeout), so
+// without set_timeout every c10d collective would get options.timeout minus however long the
+// rendezvous took (seen: 2.0 s of a 4 s timeout) instead of the whole of it.
+class GlooGroup final : public c10d::ProcessGroupGloo {
+ public:
+  using c10d::ProcessGroupGloo::ProcessGroupGloo;
+
+  // Call before the first collective (the contexts are not synchronized).
+  void set_timeout(milliseconds timeout) {
+    for (const std::shared_ptr<gloo::Context>& context : contexts_) {
+      context->setTimeout(timeout);
+    }
+  }
+};
+
 // One issued collective: what the worker runs and how the caller learns the outcome.
 struct Task {
   std::string name;  // "all_reduce"
@@ -222,7 +240,8 @@ class GlooCommunicator::Impl {
   void heartbeat_loop();
   void heartbeat_round(uint64_t beat);
   void linger_while_peers_need_store();
-  std::string diagnose(uint64_t seq);
+  std::string diagnose(uint64_t seq, bool timed_out, bool* store_lost);
+  std::string verdict(uint64_t seq);  // with heartbeat_mutex_ held
   void wait_c10d(const c10::intrusive_ptr<c10d::Work>& work, Clock::time_point deadline);
   void ring_reduce_scatter(const void* src, void* dst, const Chunks& chunks, DType dtype,
                            ReduceOp op, Clock::time_point deadline, uint64_t seq);
@@ -233,7 +252,7 @@ class GlooCommunicator::Impl {
   std::string prefix_;                               // "zinf/comm<n>/"
   c10::intrusive_ptr<c10d::Store> store_;            // worker thread only (after construction)
   c10::intrusive_ptr<c10d::Store> heartbeat_store_;  // heartbeat thread only
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> group_;
+  c10::intrusive_ptr<GlooGroup> group_;
   std::shared_ptr<gloo::rendezvous::Context> ring_;
 
   std::atomic<uint64_t> started_{0};  // collectives the worker has started
@@ -246,12 +265,17 @@ class GlooCommunicator::Impl {
 
   std::mutex heartbeat_mutex_;
   std::condition_variable heartbeat_cv_;
-  std::vector<Peer> peers_;           // guarded by heartbeat_mutex_
-  uint64_t rounds_ = 0;               // guarded by heartbeat_mutex_
-  std::string store_error_;           // guarded by heartbeat_mutex_
-  int64_t failures_seen_ = 0;         // guarded by heartbeat_mutex_
-  std::vector<std::string> reports_;  // per rank; guarded by heartbeat_mutex_
-  bool heartbeat_stop_ = false;       // guarded by heartbeat_mutex_
+  std::vector<Peer> peers_;       // guarded by heartbeat_mutex_
+  uint64_t rounds_ = 0;           // guarded by heartbeat_mutex_
+  Clock::time_point last_round_;  // when the last round ended; guarded by heartbeat_mutex_
+  std::string store_error_;       // guarded by heartbeat_mutex_
+  // The failing round took the heartbeat connection's whole timeout: the store did not answer
+  // (rather than closing the connection). Guarded by heartbeat_mutex_.
+  bool store_timed_out_ = false;
+  milliseconds heartbeat_store_timeout_{0};  // the heartbeat connection's; set in connect()
+  int64_t failures_seen_ = 0;                // guarded by heartbeat_mutex_
+  std::vector<std::string> reports_;         // per rank; guarded by heartbeat_mutex_
+  bool heartbeat_stop_ = false;              // guarded by heartbeat_mutex_
 
   std::thread worker_;
   std::thread heartbeat_;
@@ -329,8 +353,8 @@ void GlooCommunicator::Impl::connect(const LaunchEnv& env, const CommOptions& op
     store_->set(key(prefix_, "hb/", rank_), std::vector<uint8_t>{'0', ' ', '0'});
     store_->set(key(prefix_, "arrived/", rank_), std::vector<uint8_t>{'1'});
     // The heartbeat thread's own connection: it never waits behind the worker's store calls.
-    heartbeat_store_ = detail::open_store(
-        env, false, std::clamp(heartbeat_interval_ * 4, milliseconds(1000), timeout_));
+    heartbeat_store_timeout_ = std::clamp(heartbeat_interval_ * 4, milliseconds(1000), timeout_);
+    heartbeat_store_ = detail::open_store(env, false, heartbeat_store_timeout_);
   } catch (const std::exception& e) {
     throw detail::store_call_failed(env, "announcing this rank in", start, e);
   }
@@ -345,9 +369,10 @@ void GlooCommunicator::Impl::connect(const LaunchEnv& env, const CommOptions& op
     auto group_options = c10d::ProcessGroupGloo::Options::create(time_left(deadline));
     group_options->devices.push_back(device);
     group_options->threads = 1;  // the worker issues one collective at a time
-    group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
+    group_ = c10::make_intrusive<GlooGroup>(
         c10::make_intrusive<c10d::PrefixStore>(prefix_ + "c10d", store_), rank_, world_,
         group_options);
+    group_->set_timeout(timeout_);
     ring_ = std::make_shared<gloo::rendezvous::Context>(rank_, world_);
     ring_->setTimeout(time_left(deadline));
     c10d::ProcessGroupGloo::GlooStore ring_store(
@@ -476,7 +501,11 @@ void GlooCommunicator::Impl::worker_loop() {
       task->finish(nullptr);
     } catch (const std::exception& e) {
       const int64_t elapsed = ms_since(start);
-      const std::string diagnosis = diagnose(seq);
+      // Gloo gave up at the deadline (rather than on a closed connection). Its waits end within
+      // a few ms of the time left they were given; half an interval covers that.
+      const bool timed_out = Clock::now() >= start + timeout_ - heartbeat_interval_ / 2;
+      bool store_lost = false;
+      const std::string diagnosis = diagnose(seq, timed_out, &store_lost);
       std::string message = task->what + " (collective #" + std::to_string(seq) +
                             ") failed after " + std::to_string(elapsed) + " ms (timeout " +
                             std::to_string(timeout_.count()) + " ms): " + diagnosis +
@@ -485,12 +514,16 @@ void GlooCommunicator::Impl::worker_loop() {
         std::lock_guard<std::mutex> lock(queue_mutex_);
         broken_ = task->name + " on rank " + std::to_string(rank_) + ": " + message;
       }
-      // Tell the other ranks (best effort: the store may be what failed).
-      try {
-        std::string text = "a failed " + task->what + " (" + diagnosis.substr(0, 200) + ")";
-        store_->set(key(prefix_, "failed/", rank_), std::vector<uint8_t>(text.begin(), text.end()));
-        store_->add(prefix_ + "failures", 1);
-      } catch (const std::exception&) {
+      // Tell the other ranks (best effort), unless the store is known to be gone: a call to a
+      // store that does not answer would hold this rank's error back for up to the timeout.
+      if (!store_lost) {
+        try {
+          std::string text = "a failed " + task->what + " (" + diagnosis.substr(0, 200) + ")";
+          store_->set(key(prefix_, "failed/", rank_),
+                      std::vector<uint8_t>(text.begin(), text.end()));
+          store_->add(prefix_ + "failures", 1);
+        } catch (const std::exception&) {
+        }
       }
       task->finish(std::make_exception_ptr(CommError(task->name, rank_, message)));
     }
@@ -515,14 +548,17 @@ void GlooCommunicator::Impl::heartbeat_loop() {
         return;
       }
     }
+    const Clock::time_point round_start = Clock::now();
     try {
       heartbeat_round(++beat);
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> lock(heartbeat_mutex_);
       store_error_ = error_text(e);
+      store_timed_out_ = Clock::now() - round_start >= heartbeat_store_timeout_;
     }
     std::unique_lock<std::mutex> lock(heartbeat_mutex_);
     ++rounds_;
+    last_round_ = Clock::now();
     heartbeat_cv_.notify_all();
     heartbeat_cv_.wait_for(lock, heartbeat_interval_, [this] { return heartbeat_stop_; });
   }
@@ -578,33 +614,63 @@ void GlooCommunicator::Impl::heartbeat_round(uint64_t beat) {
   failures_seen_ = failures;
 }
 
-std::string GlooCommunicator::Impl::diagnose(uint64_t seq) {
-  // Watch the heartbeats for four more rounds. A live peer's beat was seen to change within
-  // about one interval of the end; a dead or stopped one's last change (perhaps seen in the
-  // first round, if it beat just before it died) is at least about three intervals old.
+std::string GlooCommunicator::Impl::diagnose(uint64_t seq, bool timed_out, bool* store_lost) {
   const Clock::time_point since = Clock::now();
   std::unique_lock<std::mutex> lock(heartbeat_mutex_);
+  // After a wait to the deadline the heartbeats were watched for the whole of it: when a round
+  // ended within the last 1.5 intervals and some peer had been silent for 2.5 intervals by
+  // then, that peer stopped long before the deadline and the verdict holds now. Watching more
+  // rounds would only hold the error back past the timeout (by about 4 intervals).
+  if (timed_out && store_error_.empty() && since - last_round_ <= heartbeat_interval_ * 3 / 2) {
+    for (int i = 0; i < world_; ++i) {
+      if (i != rank_ &&
+          last_round_ - peers_[static_cast<size_t>(i)].changed >= heartbeat_interval_ * 5 / 2) {
+        return verdict(seq);
+      }
+    }
+  }
+  // Otherwise watch the heartbeats for four more rounds. A live peer's beat was seen to change
+  // within about one interval of the end; a dead or stopped one's last change (perhaps seen in
+  // the first round, if it beat just before it died) is at least about three intervals old.
   const uint64_t target = rounds_ + 4;
   const bool watched = heartbeat_cv_.wait_for(
       lock, heartbeat_interval_ * 5 + milliseconds(200),
       [&] { return rounds_ >= target || !store_error_.empty() || heartbeat_stop_; });
+  // A store that does not answer (a dead host or a cut link) cannot be told from this rank's
+  // own network being down; a closed connection means the store's process is gone.
+  const std::string host =
+      env_.agent_store ? std::string("the launcher's agent") : std::string("rank 0");
   if (!store_error_.empty()) {
+    *store_lost = true;
+    if (store_timed_out_) {
+      return "the rendezvous store at " + store_description(env_) + " did not answer within " +
+             std::to_string(heartbeat_store_timeout_.count()) + " ms: " + host +
+             " has stopped, or the network between this rank and it is down (c10d: " +
+             store_error_ + ")";
+    }
     return "the rendezvous store at " + store_description(env_) + " is unreachable" +
            (env_.agent_store ? std::string() : std::string(": rank 0 has failed")) +
            " (c10d: " + store_error_ + ")";
   }
   if (!watched) {
+    *store_lost = true;
     return "the rendezvous store at " + store_description(env_) + " stopped answering for " +
-           std::to_string(ms_since(since)) + " ms" +
-           (env_.agent_store ? std::string() : std::string(": rank 0 has stopped"));
+           std::to_string(ms_since(since)) + " ms: " + host +
+           " has stopped, or the network between this rank and it is down";
   }
+  return verdict(seq);
+}
+
+std::string GlooCommunicator::Impl::verdict(uint64_t seq) {
+  // Silence is judged at the last round (a live peer's beat is at most about two intervals
+  // old there), and reported up to now.
   const Clock::time_point now = Clock::now();
   std::vector<std::string> parts;
   std::vector<int> stopped;
   int64_t silent_ms = 0;
   for (int i = 0; i < world_; ++i) {
     const Peer& peer = peers_[static_cast<size_t>(i)];
-    if (i != rank_ && now - peer.changed >= heartbeat_interval_ * 5 / 2) {
+    if (i != rank_ && last_round_ - peer.changed >= heartbeat_interval_ * 5 / 2) {
       stopped.push_back(i);
       silent_ms = std::max<int64_t>(
           silent_ms, std::chrono::duration_cast<milliseconds>(now - peer.changed).count());
@@ -612,7 +678,7 @@ std::string GlooCommunicator::Impl::diagnose(uint64_t seq) {
   }
   if (!stopped.empty()) {
     parts.push_back(join_ranks(stopped) + " stopped (no heartbeat for " +
-                    std::to_string(silent_ms) + " ms: died or hung)");
+                    std::to_string(silent_ms) + " ms: died, hung or cut off)");
   }
   std::vector<int> behind;
   for (int i = 0; i < world_; ++i) {

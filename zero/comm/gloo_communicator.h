@@ -53,16 +53,24 @@
 // the communicator usable.
 //
 // No hang: each collective has options.timeout from the moment it starts running (c10d's
-// group timeout and our ring's per-step waits both get the time left). Every rank also runs
-// a heartbeat thread that writes "<beat> <collectives started>" to the store every
-// heartbeat_interval. When a collective fails (a peer's socket closed, or the deadline
-// passed), the failing rank reads the heartbeats for about three intervals and names in its
-// CommError: the ranks whose heartbeat stopped (dead or stopped), the ranks that had not
-// reached this collective, the ranks that reported a failure of their own, or the store
-// being unreachable (then the rank serving it is named). The message also carries the
-// collective ("all_reduce of 1000 fp32 elements (sum)"), its sequence number, the elapsed
-// time and Gloo's own text. After a CommError the communicator is broken: queued and later
-// collectives fail at once with the first error.
+// group timeout and our ring's per-step waits both get the time left; the c10d group's Gloo
+// contexts are given the whole timeout once connected, since LibTorch 1.13's Gloo collectives
+// wait on the context's timeout and ignore the per-call one). Every rank also runs a heartbeat
+// thread that writes "<beat> <collectives started>" to the store every heartbeat_interval.
+// When a collective fails, the failing rank names in its CommError: the ranks whose heartbeat
+// stopped (dead, hung, or cut off from the network), the ranks that had not reached this
+// collective, the ranks that reported a failure of their own, or the store being unreachable
+// (then the rank serving it is named: "has failed" when its connection closed, "has stopped,
+// or the network between this rank and it is down" when it did not answer). After a wait to
+// the deadline the heartbeats seen during the wait already name a peer silent for 2.5
+// intervals, so the error comes at the timeout itself (measured on 10.213.0.x veths in network
+// namespaces, a rank's link taken down mid-all_reduce, timeout 4 s: the others' CommError
+// 3.98-3.99 s after the link went down; tests/comm/netns_fault_test.cc). Otherwise (a peer's
+// socket closed early) it watches the heartbeats for about four more intervals first. The
+// message also carries the collective ("all_reduce of 1000 fp32 elements (sum)"), its
+// sequence number, the elapsed time and Gloo's own text. The failing rank reports its failure
+// in the store for the others, unless the store is what it lost. After a CommError the
+// communicator is broken: queued and later collectives fail at once with the first error.
 //
 // Thread safety: every public method may be called from any thread (collectives are
 // matched by issue order; see communicator.h). The destructor waits for queued collectives
