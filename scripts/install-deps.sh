@@ -23,6 +23,7 @@ packages=(
   fortunes fortunes-min
   gnuplot-nox libgnuplot-iostream-dev
   libzip-dev libdeflate-dev clang
+  iproute2  # ip netns, tc: tests/comm/netns_fault_test.cc
 )
 lock_timeout=${ZINF_APT_LOCK_TIMEOUT:-600}
 retry_seconds=${ZINF_APT_LOCK_RETRY:-5}
