@@ -14,6 +14,7 @@
 #include <new>
 #include <random>
 
+#include "engine/serialization/file_system.h"
 #include "engine/serialization/serialization_error.h"
 
 namespace zinf::serialization {
@@ -31,16 +32,14 @@ struct PwriteResult {
   size_t chunk = 0;
 };
 
-// pwrite of all `length` bytes, short writes continued, EINTR retried. Thread-safe.
-PwriteResult pwrite_all(int fd, const uint8_t* bytes, uint64_t length, uint64_t offset) {
+// pwrite of all `length` bytes, short writes continued (the file system retries EINTR).
+// Thread-safe.
+PwriteResult pwrite_all(FileSystem& fs, int fd, const uint8_t* bytes, uint64_t length,
+                        uint64_t offset) {
   while (length > 0) {
     const size_t chunk = static_cast<size_t>(std::min<uint64_t>(length, uint64_t{1} << 30));
-    const ssize_t done = ::pwrite(fd, bytes, chunk, static_cast<off_t>(offset));
-    if (done < 0) {
-      const int error = errno;
-      if (error == EINTR) continue;
-      return {error, offset, chunk};
-    }
+    const int64_t done = fs.pwrite(fd, bytes, chunk, offset);
+    if (done < 0) return {static_cast<int>(-done), offset, chunk};
     if (done == 0) return {-1, offset, chunk};
     bytes += done;
     length -= static_cast<uint64_t>(done);
@@ -68,7 +67,8 @@ void warn_buffered(const std::string& path) {
 
 void AtomicFile::FreeAligned::operator()(uint8_t* p) const noexcept { std::free(p); }
 
-AtomicFile::AtomicFile(std::string path, Mode mode) : path_(std::move(path)) {
+AtomicFile::AtomicFile(std::string path, Mode mode)
+    : path_(std::move(path)), fs_(default_file_system()) {
   for (auto& stage : stages_) {
     stage.reset(static_cast<uint8_t*>(std::aligned_alloc(kBlock, kStageBytes)));
     if (stage == nullptr) throw std::bad_alloc();
@@ -83,25 +83,27 @@ AtomicFile::AtomicFile(std::string path, Mode mode) : path_(std::move(path)) {
     std::snprintf(suffix, sizeof(suffix), ".tmp.%06x%04x", random() & 0xFFFFFFu,
                   static_cast<unsigned>(counter.fetch_add(1) & 0xFFFF));
     std::string candidate = path_ + suffix;
-    const int fd = ::open(candidate.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    const int fd = fs_.open(candidate, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd >= 0) {
       fd_ = fd;
       temp_path_ = std::move(candidate);
       break;
     }
-    error = errno;
-    if (error != EEXIST && error != EINTR) {
+    error = -fd;
+    if (error != EEXIST) {
       throw SerializationError(candidate, kNoOffset, errno_text("open", error));
     }
   }
   if (fd_ < 0) throw SerializationError(path_ + ".tmp.*", kNoOffset, errno_text("open", error));
   if (mode == Mode::kDirect) {
-    direct_fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
-    if (direct_fd_ < 0) {
-      const int open_error = errno;
+    const int direct_fd = fs_.open(temp_path_, O_WRONLY | O_DIRECT | O_CLOEXEC, 0);
+    if (direct_fd >= 0) {
+      direct_fd_ = direct_fd;
+    } else {
+      const int open_error = -direct_fd;
       if (open_error != EINVAL) {
-        ::close(fd_);
-        ::unlink(temp_path_.c_str());
+        (void)fs_.close(fd_);
+        (void)fs_.unlink(temp_path_);
         throw SerializationError(temp_path_, kNoOffset,
                                  errno_text("open with O_DIRECT", open_error));
       }
@@ -114,15 +116,15 @@ AtomicFile::~AtomicFile() {
   if (writing_.valid()) writing_.wait();  // its error changes nothing: the file is removed
   close_direct();
   if (fd_ >= 0) {
-    ::close(fd_);  // an error here changes nothing: the file is removed below
+    (void)fs_.close(fd_);  // an error here changes nothing: the file is removed below
   }
   if (!committed_) {
-    ::unlink(temp_path_.c_str());
+    (void)fs_.unlink(temp_path_);
   }
 }
 
 void AtomicFile::close_direct() noexcept {
-  if (direct_fd_ >= 0) ::close(direct_fd_);  // nothing is buffered behind an O_DIRECT fd
+  if (direct_fd_ >= 0) (void)fs_.close(direct_fd_);  // nothing is buffered behind O_DIRECT
   direct_fd_ = -1;
 }
 
@@ -163,18 +165,19 @@ void AtomicFile::write_blocks(const uint8_t* extra, uint64_t extra_length) {
   offset_ += extra_length;
   const int buffered_fd = fd_;
   const int direct_fd = direct_fd_;
+  FileSystem* const fs = &fs_;
   writing_ = std::async(std::launch::async, [=]() {
     Written written;
     int fd = direct_fd >= 0 ? direct_fd : buffered_fd;
     auto put = [&](const uint8_t* bytes, uint64_t length, uint64_t offset) {
       if (length == 0 || written.error) return;
-      PwriteResult r = pwrite_all(fd, bytes, length, offset);
+      PwriteResult r = pwrite_all(*fs, fd, bytes, length, offset);
       if (r.error == EINVAL && fd == direct_fd) {
         // Opened, but the filesystem refuses the write itself: the rest goes buffered.
         written.direct_refused = true;
         fd = buffered_fd;
         const uint64_t done = r.offset - offset;
-        r = pwrite_all(fd, bytes + done, length - done, r.offset);
+        r = pwrite_all(*fs, fd, bytes + done, length - done, r.offset);
       }
       if (r.error != 0) written.error = WriteError{r.offset, describe(r)};
     };
@@ -189,7 +192,7 @@ void AtomicFile::flush_all() {
   wait_write();
   const uint64_t rest = offset_ - buffer_offset_;
   if (rest == 0) return;
-  const PwriteResult r = pwrite_all(fd_, stages_[current_].get(), rest, buffer_offset_);
+  const PwriteResult r = pwrite_all(fs_, fd_, stages_[current_].get(), rest, buffer_offset_);
   if (r.error != 0) fail(r.offset, describe(r));
   buffer_offset_ = offset_;
 }
@@ -277,7 +280,7 @@ void AtomicFile::patch(uint64_t offset, std::span<const uint8_t> bytes) {
   }
   if (offset < buffer_offset_) {
     const PwriteResult r =
-        pwrite_all(fd_, bytes.data(), std::min(end, buffer_offset_) - offset, offset);
+        pwrite_all(fs_, fd_, bytes.data(), std::min(end, buffer_offset_) - offset, offset);
     if (r.error != 0) fail(r.offset, describe(r));
   }
 }
@@ -286,42 +289,25 @@ void AtomicFile::commit() {
   check_usable();
   flush_all();
   // A trailing hole has no bytes written after it: the size says where the file ends.
-  if (::ftruncate(fd_, static_cast<off_t>(offset_)) != 0) {
-    const int error = errno;
-    fail(offset_, errno_text("ftruncate", error));
+  if (const int rc = fs_.ftruncate(fd_, offset_); rc != 0) {
+    fail(offset_, errno_text("ftruncate", -rc));
   }
   // One fsync for both descriptors: they share the inode, and it flushes the device cache
   // that the direct writes may sit in.
-  if (::fsync(fd_) != 0) {
-    const int error = errno;
-    fail(kNoOffset, errno_text("fsync", error));
-  }
+  if (const int rc = fs_.fsync(fd_); rc != 0) fail(kNoOffset, errno_text("fsync", -rc));
   close_direct();
   const int fd = fd_;
   fd_ = -1;
-  if (::close(fd) != 0) {
-    const int error = errno;
-    fail(kNoOffset, errno_text("close", error));
-  }
-  if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
-    const int error = errno;
-    fail(kNoOffset, errno_text("rename to " + path_, error));
+  if (const int rc = fs_.close(fd); rc != 0) fail(kNoOffset, errno_text("close", -rc));
+  if (const int rc = fs_.rename(temp_path_, path_); rc != 0) {
+    fail(kNoOffset, errno_text("rename to " + path_, -rc));
   }
   committed_ = true;
   // The rename is durable once the directory is synced.
   std::filesystem::path parent = std::filesystem::path(path_).parent_path();
   if (parent.empty()) parent = ".";
-  const std::string directory = parent.string();
-  const int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) {
-    const int error = errno;
-    throw SerializationError(directory, kNoOffset, errno_text("open", error));
-  }
-  const int synced = ::fsync(dir_fd);
-  const int error = errno;
-  ::close(dir_fd);
-  if (synced != 0) {
-    throw SerializationError(directory, kNoOffset, errno_text("fsync", error));
+  if (const int rc = sync_directory(fs_, parent.string()); rc != 0) {
+    throw SerializationError(parent.string(), kNoOffset, errno_text("directory fsync", -rc));
   }
 }
 

@@ -23,6 +23,9 @@
 // returns the file is complete and durable; a crash at any earlier point leaves path() as it
 // was. An AtomicFile destroyed without a successful commit() removes its temporary file.
 //
+// Every system call goes through the FileSystem that default_file_system() returned at
+// construction (file_system.h), so tests can simulate a power loss under it.
+//
 // Errors throw SerializationError naming the temporary file (the directory for its fsync),
 // the offset of the failed write and the errno text. After a failure every call throws; an
 // error of a background write is thrown by the next call that waits for it.
@@ -39,6 +42,8 @@
 #include <string>
 
 namespace zinf::serialization {
+
+class FileSystem;
 
 class AtomicFile {
  public:
@@ -111,6 +116,7 @@ class AtomicFile {
   static constexpr uint64_t kInPlaceMin = uint64_t{1} << 20;  // smaller runs are copied
 
   const std::string path_;
+  FileSystem& fs_;  // default_file_system() at construction
   std::string temp_path_;
   int fd_ = -1;         // buffered
   int direct_fd_ = -1;  // O_DIRECT; -1 when not used
