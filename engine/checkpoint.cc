@@ -30,6 +30,7 @@
 #include "aio/handle.h"
 #include "engine/engine.h"
 #include "engine/serialization/atomic_file.h"
+#include "engine/serialization/file_system.h"
 #include "engine/serialization/serialization_error.h"
 #include "engine/serialization/torch_archive.h"
 #include "engine/serialization/zip_reader.h"
@@ -68,23 +69,20 @@ std::string lower(std::string s) {
   return s;
 }
 
+// Every change a save makes to the disk goes through the serialization layer's FileSystem
+// (the system calls, or a test's power-loss fake).
+ser::FileSystem& file_system() { return ser::default_file_system(); }
+
 void fsync_dir(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) {
-    throw EngineError(fmt::format("checkpoint: open {}: {}", dir.string(), std::strerror(errno)));
-  }
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) {
-    throw EngineError(fmt::format("checkpoint: fsync {}: {}", dir.string(), std::strerror(err)));
+  if (const int rc = ser::sync_directory(file_system(), dir.string()); rc != 0) {
+    throw EngineError(fmt::format("checkpoint: fsync {}: {}", dir.string(), std::strerror(-rc)));
   }
 }
 
 void rename_or_throw(const fs::path& from, const fs::path& to) {
-  if (std::rename(from.c_str(), to.c_str()) != 0) {
+  if (const int rc = file_system().rename(from.string(), to.string()); rc != 0) {
     throw EngineError(fmt::format("checkpoint: rename {} -> {}: {}", from.string(), to.string(),
-                                  std::strerror(errno)));
+                                  std::strerror(-rc)));
   }
 }
 
@@ -96,10 +94,13 @@ std::vector<std::string> remove_checkpoint_folder(const fs::path& folder) {
   if (ec) return {};
   for (const fs::directory_entry& e : it) {
     const std::string name = e.path().filename().string();
-    if (e.is_regular_file(ec) && is_checkpoint_file(name)) fs::remove(e.path(), ec);
+    if (e.is_regular_file(ec) && is_checkpoint_file(name)) {
+      // A file that stays keeps the folder, which the next save removes as a leftover.
+      (void)file_system().unlink(e.path().string());
+    }
   }
   std::vector<std::string> left = foreign_checkpoint_entries(folder);
-  if (left.empty()) fs::remove(folder, ec);
+  if (left.empty()) (void)file_system().rmdir(folder.string());
   return left;
 }
 
@@ -123,12 +124,11 @@ std::string publish(const fs::path& root, const fs::path& staging, const fs::pat
   fs::path replaced;
   if (!fs::exists(target, ec)) {
     rename_or_throw(staging, target);
-  } else if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) ==
-             0) {
+  } else if (const int rc = file_system().exchange(staging.string(), target.string()); rc == 0) {
     fsync_dir(root);
     crash_point();
     replaced = staging;  // the previous checkpoint of this tag
-  } else if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) {
+  } else if (rc == -EINVAL || rc == -ENOSYS || rc == -ENOTSUP) {
     (void)remove_checkpoint_folder(aside);
     rename_or_throw(target, aside);
     crash_point();
@@ -137,7 +137,7 @@ std::string publish(const fs::path& root, const fs::path& staging, const fs::pat
     replaced = aside;
   } else {
     throw EngineError(fmt::format("checkpoint: exchange {} and {}: {}", staging.string(),
-                                  target.string(), std::strerror(errno)));
+                                  target.string(), std::strerror(-rc)));
   }
   std::string kept;
   if (!replaced.empty()) {
@@ -160,13 +160,31 @@ std::string publish(const fs::path& root, const fs::path& staging, const fs::pat
 }
 
 // Rank 0: an empty `staging` folder under `root` (what an interrupted save left is removed).
+// `root` is made where missing, and its parent synced: a `root` made just before, by this
+// save or by whoever made it without syncing its parent (zinf train makes the --save folder
+// at start-up), would otherwise vanish in a power loss with every checkpoint in it.
 void make_staging(const fs::path& root, const fs::path& staging) {
+  ser::FileSystem& files = file_system();
+  std::string at;
+  if (const int rc = ser::create_directories(files, root.string(), &at); rc != 0) {
+    throw EngineError(fmt::format("checkpoint: cannot create {}: {}", at, std::strerror(-rc)));
+  }
   std::error_code ec;
-  fs::create_directories(root, ec);
-  fs::remove_all(staging, ec);
-  if (!fs::create_directories(staging, ec)) {
-    throw EngineError(fmt::format("checkpoint: cannot create {}: {}", staging.string(),
-                                  ec ? ec.message() : "it exists"));
+  fs::path absolute = fs::absolute(root, ec).lexically_normal();
+  if (!absolute.has_filename()) absolute = absolute.parent_path();  // "dir/"
+  const fs::path parent = absolute.parent_path();
+  // A parent this process may not read cannot be opened to sync: it is left as it is.
+  if (const int rc = ser::sync_directory(files, parent.string());
+      rc != 0 && rc != -EACCES && rc != -EPERM) {
+    throw EngineError(fmt::format("checkpoint: fsync {}: {}", parent.string(), std::strerror(-rc)));
+  }
+  if (const int rc = ser::remove_all(files, staging.string(), &at); rc != 0) {
+    throw EngineError(fmt::format("checkpoint: cannot remove {} (left by an interrupted save): {}",
+                                  at, std::strerror(-rc)));
+  }
+  if (const int rc = files.mkdir(staging.string(), 0777); rc != 0) {
+    throw EngineError(
+        fmt::format("checkpoint: cannot create {}: {}", staging.string(), std::strerror(-rc)));
   }
 }
 
@@ -585,8 +603,7 @@ struct Engine::PreparedSave final : offload::StepObserver {
     stop();
     writer.reset();                    // removes its temporary file unless finished
     if (owns_staging && !published) {  // rank 0, and no save took it: leave no folder behind
-      std::error_code ec;
-      fs::remove_all(staging, ec);
+      (void)ser::remove_all(file_system(), staging.string());  // the next save retries it
     }
   }
 

@@ -28,7 +28,11 @@
 // barrier, then rank 0 fsyncs the folder, puts it in place of `<dir>/<tag>` (an atomic
 // exchange when one exists, so an older checkpoint of that tag survives until the new one
 // is complete), fsyncs `<dir>` and at last replaces `latest` atomically. A save killed at any
-// point leaves `latest` naming a complete checkpoint.
+// point leaves `latest` naming a complete checkpoint. So does a power loss, which takes back
+// what was not fsynced: every change a save makes to the disk goes through
+// serialization::FileSystem (engine/serialization/file_system.h; tests put a power-loss fake
+// there), and `<dir>`'s parent is fsynced too, so a `<dir>` made by the save, or just before
+// it, survives with the checkpoint once the save returned.
 //
 // Errors: EngineError for a checkpoint that does not fit the run (world size, stage, params
 // and shapes, optimizer), naming the file and what differs; serialization::SerializationError
