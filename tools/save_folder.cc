@@ -13,6 +13,8 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "engine/serialization/file_system.h"
+
 namespace zinf::tools {
 namespace {
 
@@ -23,18 +25,9 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// The nearest ancestor of `path` that exists (the path itself if it does).
-fs::path existing_ancestor(fs::path path) {
-  std::error_code ec;
-  path = fs::absolute(path, ec);
-  while (!path.empty() && !fs::exists(path, ec)) {
-    if (path == path.parent_path()) break;
-    path = path.parent_path();
-  }
-  return path;
-}
-
-// Makes `folder` (and its parents); throws naming the first folder that could not be made.
+// Makes `folder` (and its parents), each new level made durable (its parent fsynced), so a
+// power loss after the first checkpoint cannot take the folder with it; throws naming the
+// level that could not be made.
 bool create_folder(const fs::path& folder, const std::string& flag) {
   std::error_code ec;
   if (fs::is_directory(folder, ec)) return false;
@@ -42,20 +35,14 @@ bool create_folder(const fs::path& folder, const std::string& flag) {
     throw std::invalid_argument(
         fmt::format("{} {}: exists and is not a folder", flag, folder.string()));
   }
-  // mkdir each missing level, so the message names the level that failed and its parent.
-  const fs::path base = existing_ancestor(folder);
-  fs::path at = base;
-  const fs::path absolute = fs::absolute(folder, ec);
-  for (auto it = std::next(absolute.begin(), std::distance(base.begin(), base.end()));
-       it != absolute.end(); ++it) {
-    if (it->empty()) continue;
-    at /= *it;
-    if (::mkdir(at.c_str(), 0777) != 0 && errno != EEXIST) {
-      const int err = errno;
-      throw std::invalid_argument(fmt::format("{} {}: cannot create {} in {}: {}", flag,
-                                              folder.string(), at.string(),
-                                              at.parent_path().string(), std::strerror(err)));
-    }
+  std::string failed;
+  const int rc = serialization::create_directories(serialization::default_file_system(),
+                                                   fs::absolute(folder, ec).string(), &failed);
+  if (rc != 0) {
+    const fs::path at(failed.empty() ? folder.string() : failed);
+    throw std::invalid_argument(fmt::format("{} {}: cannot create {} in {}: {}", flag,
+                                            folder.string(), at.string(), at.parent_path().string(),
+                                            std::strerror(-rc)));
   }
   return true;
 }

@@ -3,8 +3,8 @@
 // never writes over checkpoints that belong to another run.
 //
 // The rules (README, "Checkpoints"):
-// - The folder is created if missing and must accept a new file: a probe file is created,
-//   written, fsynced and removed.
+// - The folder is created if missing (each new level made durable: its parent fsynced) and
+//   must accept a new file: a probe file is created, written, fsynced and removed.
 // - A folder that already holds checkpoints (a `latest` file, or a sub-folder holding a
 //   `*model_states.pt`) is written to only by a run that resumes from it (`--load` names the
 //   same folder) or when the user says so (`--overwrite`). Otherwise the run is refused
