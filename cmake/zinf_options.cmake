@@ -38,3 +38,18 @@ function(zinf_add_test)
   gtest_discover_tests(${T_NAME} DISCOVERY_TIMEOUT 60
                        PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${_labels}")
 endfunction()
+
+# zinf_add_strict_tests(TARGET target FILTER gtest-filter [TIMEOUT s])
+# Registers the test cases of `target` that match FILTER a second time, as "strict:<case>"
+# with the label "strict", run with ZINF_TEST_ACCELERATOR=strict: the same suite on the
+# strict device (tests/common/test_accelerator.h).
+function(zinf_add_strict_tests)
+  cmake_parse_arguments(S "" "TARGET;FILTER;TIMEOUT" "" ${ARGN})
+  if(NOT S_TIMEOUT)
+    set(S_TIMEOUT 600)
+  endif()
+  gtest_discover_tests(${S_TARGET} DISCOVERY_TIMEOUT 60 TEST_PREFIX "strict:"
+                       TEST_FILTER "${S_FILTER}"
+                       PROPERTIES TIMEOUT ${S_TIMEOUT} LABELS "strict"
+                                  ENVIRONMENT "ZINF_TEST_ACCELERATOR=strict")
+endfunction()

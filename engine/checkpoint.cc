@@ -35,6 +35,7 @@
 #include "engine/serialization/torch_archive.h"
 #include "engine/serialization/zip_reader.h"
 #include "zero/comm/torch_dtype.h"
+#include "zero/host_collectives.h"
 
 namespace zinf::engine {
 namespace {
@@ -967,7 +968,8 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
     }
     int64_t unusable = why.empty() ? 0 : 1;
     if (world > 1) {
-      comm_->all_reduce(&unusable, 1, zero::DType::kInt64, zero::ReduceOp::kSum)->wait();
+      zero::host_all_reduce(*comm_, *accelerator_, &unusable, 1, zero::DType::kInt64,
+                            zero::ReduceOp::kSum);
     }
     if (unusable != 0) {
       prepared.reset();  // rank 0 removes its folder
@@ -982,7 +984,8 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
     if (rank == 0) foreign = foreign_checkpoint_entries(target);
     int64_t refused = foreign.empty() ? 0 : 1;
     if (world > 1) {
-      comm_->all_reduce(&refused, 1, zero::DType::kInt64, zero::ReduceOp::kMax)->wait();
+      zero::host_all_reduce(*comm_, *accelerator_, &refused, 1, zero::DType::kInt64,
+                            zero::ReduceOp::kMax);
     }
     if (refused != 0) {
       throw EngineError(
@@ -1278,7 +1281,8 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
     bytes += static_cast<int64_t>(fs::file_size(staging / name));
   }
   if (world > 1) {
-    comm_->all_reduce(&bytes, 1, zero::DType::kInt64, zero::ReduceOp::kSum)->wait();
+    zero::host_all_reduce(*comm_, *accelerator_, &bytes, 1, zero::DType::kInt64,
+                          zero::ReduceOp::kSum);
   }
   comm_->barrier()->wait();  // every rank's files are complete and durable
 
@@ -1493,10 +1497,9 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
       at::Tensor full = saved;
       if (stage == 3 && world > 1) {
         full = at::empty({saved.numel() * world}, saved.options());
-        comm_
-            ->all_gather(saved.data_ptr(), full.data_ptr(), static_cast<size_t>(saved.numel()),
-                         comm_dtype(saved.scalar_type(), model_file))
-            ->wait();
+        zero::host_all_gather(*comm_, *accelerator_, saved.data_ptr(), full.data_ptr(),
+                              static_cast<size_t>(saved.numel()),
+                              comm_dtype(saved.scalar_type(), model_file));
       }
       if (full.numel() < static_cast<int64_t>(p.numel)) {
         throw EngineError(fmt::format("{}: frozen parameter \"{}\" holds {} elements, not {}",
@@ -1540,7 +1543,8 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
   int64_t bytes = stage == 3 || rank == 0 ? static_cast<int64_t>(fs::file_size(model_path)) : 0;
   if (stage >= 1) bytes += static_cast<int64_t>(fs::file_size(optim_file));
   if (world > 1) {
-    comm_->all_reduce(&bytes, 1, zero::DType::kInt64, zero::ReduceOp::kSum)->wait();
+    zero::host_all_reduce(*comm_, *accelerator_, &bytes, 1, zero::DType::kInt64,
+                          zero::ReduceOp::kSum);
   }
   report.path = folder.string();
   report.tag = tag;

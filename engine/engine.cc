@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <sys/resource.h>
@@ -9,12 +10,18 @@
 #include <utility>
 
 #include "aio/pinned_budget.h"
+#include "aio/pinned_buffer.h"
+#include "engine/cuda_compute.h"
 #include "offload/cpu_accelerator.h"
 #include "offload/cuda_accelerator.h"
+#include "offload/strict_accelerator.h"
 #include "optimizer_cpu/adagrad.h"
 #include "optimizer_cpu/adam.h"
 #include "optimizer_cpu/lion.h"
 #include "zero/comm/make_communicator.h"
+#include "zero/comm/strict_communicator.h"
+#include "zero/device_tensor.h"
+#include "zero/host_collectives.h"
 
 namespace zinf::engine {
 namespace {
@@ -106,6 +113,16 @@ std::string MemoryReport::table() const {
   return out;
 }
 
+std::string cuda_compute_unavailable_reason() {
+  if (!at::hasCUDA()) {
+    return "this build's LibTorch cannot compute on CUDA (a CPU build, or no usable device)";
+  }
+  if (offload::cuda_device_count() == 0) {
+    return offload::cuda_unavailable_reason();
+  }
+  return {};
+}
+
 Engine::Engine(std::shared_ptr<torch::nn::Module> model, EngineOptions options,
                const zero::ZeroModel::Initializer& initializer)
     : options_(std::move(options)), module_(std::move(model)) {
@@ -124,14 +141,30 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, EngineOptions options,
 
   if (options_.accelerator == "cpu") {
     accelerator_ = std::make_unique<offload::CpuAccelerator>(options_.memory_budget);
+  } else if (options_.accelerator == "strict") {
+    accelerator_ = std::make_unique<offload::StrictAccelerator>(options_.memory_budget);
+    // Collectives on device memory only, as NCCL would (world size 1 too: the single
+    // communicator's copies would read device memory from the host).
+    zero::DeviceMemoryMap map;
+    map.alias = [](const void* ptr, size_t bytes) { return offload::strict_alias(ptr, bytes); };
+    map.describe = [](const void* ptr) { return offload::describe_strict_pointer(ptr); };
+    comm_ = zero::make_strict_communicator(std::move(comm_), std::move(map));
   } else if (options_.accelerator == "cuda") {
+    if (const std::string why = cuda_compute_unavailable_reason(); !why.empty()) {
+      throw EngineError("zinf.accelerator.type \"cuda\" cannot be used: " + why);
+    }
     const int device =
         options_.comm.cuda_device >= 0 ? options_.comm.cuda_device : options_.launch.local_rank;
     accelerator_ = std::make_unique<offload::CudaAccelerator>(device, options_.memory_budget);
   } else {
-    throw EngineError(fmt::format("zinf.accelerator.type \"{}\" is not one of \"cpu\", \"cuda\"",
-                                  options_.accelerator));
+    throw EngineError(
+        fmt::format("zinf.accelerator.type \"{}\" is not one of \"cpu\", \"cuda\", \"strict\"",
+                    options_.accelerator));
   }
+  device_ = zero::compute_device(*accelerator_);
+  // Every pinned buffer made from here on (pools, staging, aio's bounce buffers) is registered
+  // with the device, so its copies run at pinned speed (cudaHostRegister on a GPU).
+  aio::set_pin_hooks(accelerator_->pin_hooks());
   optimizer_ = make_optimizer(options_.optimizer);
 
   PlanInputs in;
@@ -338,7 +371,8 @@ void Engine::apply_step() {
   // The loss of the global batch: this rank's micro-batch mean, averaged over the ranks.
   double loss = loss_sum_ / gradient_accumulation_steps();
   if (comm_->world_size() > 1) {
-    comm_->all_reduce(&loss, 1, zero::DType::kFloat64, zero::ReduceOp::kSum)->wait();
+    zero::host_all_reduce(*comm_, *accelerator_, &loss, 1, zero::DType::kFloat64,
+                          zero::ReduceOp::kSum);
     loss /= comm_->world_size();
   }
   loss_sum_ = 0.0;

@@ -112,8 +112,8 @@ struct EngineOptions {
   int steps_per_print = 10;
   bool wall_clock_breakdown = false;
 
-  std::string accelerator = "cpu";      // "cpu" or "cuda"
-  uint64_t memory_budget = 8ull << 30;  // cpu accelerator budget (bytes)
+  std::string accelerator = "cpu";      // "cpu", "strict" or "cuda"
+  uint64_t memory_budget = 8ull << 30;  // cpu and strict accelerator budget (bytes)
   uint64_t activation_bytes = 0;        // the model's estimate, for the plan
   zero::CommOptions comm;
   zero::LaunchEnv launch;  // detect_launch_env() by default
@@ -220,6 +220,8 @@ class Engine {
   [[nodiscard]] zero::ZeroModel& zero_model() noexcept { return *model_; }
   [[nodiscard]] zero::Communicator& comm() noexcept { return *comm_; }
   [[nodiscard]] offload::Accelerator& accelerator() noexcept { return *accelerator_; }
+  // The LibTorch device the model computes on: inputs go there.
+  [[nodiscard]] c10::Device device() const noexcept { return device_; }
   [[nodiscard]] zero::LossScaler& loss_scaler() noexcept { return scaler_; }
   [[nodiscard]] const EngineOptions& options() const noexcept { return options_; }
   // Lines of the wall-clock breakdown of the last step (empty unless enabled).
@@ -243,6 +245,7 @@ class Engine {
   std::shared_ptr<torch::nn::Module> module_;
   std::unique_ptr<zero::Communicator> comm_;
   std::unique_ptr<offload::Accelerator> accelerator_;
+  c10::Device device_{c10::DeviceType::CPU};
   std::unique_ptr<optimizer_cpu::Optimizer> optimizer_;
   MemoryPlan plan_;
   std::unique_ptr<zero::ZeroModel> model_;

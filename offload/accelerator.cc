@@ -34,7 +34,7 @@ void DeviceBuffer::reset() noexcept {
   size_ = 0;
 }
 
-DeviceBuffer Accelerator::allocate(size_t bytes) {
+DeviceBuffer Accelerator::allocate(size_t bytes, std::string_view what) {
   if (bytes == 0) {
     return DeviceBuffer();
   }
@@ -43,16 +43,17 @@ DeviceBuffer Accelerator::allocate(size_t bytes) {
     if (bytes > budget_bytes_ || in_use_bytes_ > budget_bytes_ - bytes) {
       throw OffloadError(ErrorKind::kBudget,
                          std::string(name()) + " accelerator: allocating " + std::to_string(bytes) +
-                             " bytes would exceed the memory budget (" +
-                             std::to_string(in_use_bytes_) + " bytes in use, budget " +
-                             std::to_string(budget_bytes_) + " bytes)");
+                             " bytes" +
+                             (what.empty() ? std::string() : " for " + std::string(what)) +
+                             " would exceed the memory budget (" + std::to_string(in_use_bytes_) +
+                             " bytes in use, budget " + std::to_string(budget_bytes_) + " bytes)");
     }
     in_use_bytes_ += bytes;  // reserved before the allocation, so concurrent calls see it
     peak_bytes_ = std::max(peak_bytes_, in_use_bytes_);
   }
   void* data = nullptr;
   try {
-    data = device_malloc(bytes);
+    data = device_malloc(bytes, what);
   } catch (...) {
     std::lock_guard lock(mutex_);
     in_use_bytes_ -= bytes;

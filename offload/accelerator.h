@@ -1,11 +1,17 @@
 // Accelerator: the device as the offload tier sees it — memory tracked against a budget,
 // in-order streams, events, asynchronous host<->device copies and host-memory pinning.
 //
-// Two implementations: CpuAccelerator (offload/cpu_accelerator.h), where the "device" is
+// Three implementations: CpuAccelerator (offload/cpu_accelerator.h), where the "device" is
 // host memory with an enforced budget and every stream is a worker thread that runs its
 // work in order, so prefetch and overlap logic really runs concurrently on machines without
-// a GPU; and CudaAccelerator (offload/cuda_accelerator.h), on CUDA runtime streams and
-// events, built when the CUDA toolkit is present.
+// a GPU; StrictAccelerator (offload/strict_accelerator.h), the CPU accelerator with device
+// memory the host cannot read, so code that would read GPU memory from the host fails on
+// machines without one; and CudaAccelerator (offload/cuda_accelerator.h), on CUDA runtime
+// streams and events, built when the CUDA toolkit is present.
+//
+// Device discipline: a pointer into device memory (DeviceBuffer::data() and offsets into it)
+// is touched only by this interface — the copies, fill_zero, and the compute view it gives
+// LibTorch. Host code never dereferences it: on a GPU it is not host memory.
 //
 // Semantics follow CUDA's: work enqueued on one stream runs in order; work on different
 // streams may overlap; record_event() marks a point in a stream, and an event completes
@@ -91,6 +97,15 @@ class Event {
   Event() = default;
 };
 
+// Where LibTorch computes on a range of device memory: the address to build a tensor over and
+// the LibTorch device it belongs to.
+enum class ComputeDevice : uint8_t { kCpu, kCuda };
+struct ComputeView {
+  void* data = nullptr;
+  ComputeDevice device = ComputeDevice::kCpu;
+  int index = -1;  // the CUDA device ordinal; -1 for the CPU
+};
+
 struct AcceleratorMemoryStats {
   uint64_t budget_bytes = 0;  // allocations beyond this fail
   uint64_t in_use_bytes = 0;
@@ -109,8 +124,9 @@ class Accelerator {
   // ---- memory ------------------------------------------------------------------------
   // Allocates `bytes` of device memory (0 is allowed and yields an empty buffer). Throws
   // OffloadError(kBudget) naming the requested, in-use and budget bytes when the
-  // allocation would exceed the budget; nothing is allocated then.
-  [[nodiscard]] DeviceBuffer allocate(size_t bytes);
+  // allocation would exceed the budget; nothing is allocated then. `what` names the
+  // allocation in errors and in the strict device's fault message ("gradient bucket").
+  [[nodiscard]] DeviceBuffer allocate(size_t bytes, std::string_view what = {});
   [[nodiscard]] AcceleratorMemoryStats memory_stats() const;
 
   // ---- streams, events, copies ---------------------------------------------------------
@@ -122,6 +138,22 @@ class Accelerator {
                               Stream& stream) = 0;
   virtual void copy_to_host(void* host_dst, const void* device_src, size_t bytes,
                             Stream& stream) = 0;
+  // Device to device, and zero bytes of device memory; both enqueued on `stream`.
+  virtual void copy_on_device(void* device_dst, const void* device_src, size_t bytes,
+                              Stream& stream) = 0;
+  virtual void fill_zero(void* device_dst, size_t bytes, Stream& stream) = 0;
+
+  // ---- computing on device memory ------------------------------------------------------
+  // The address and LibTorch device at which [device_ptr, device_ptr + bytes) is computed
+  // on (the tensor view LibTorch gets). Work on the view runs on LibTorch's current stream:
+  // order it with the accelerator's streams by synchronizing them (or their events) first.
+  // Throws OffloadError(kUsage) when the range is not this accelerator's device memory and
+  // the accelerator can tell (strict).
+  [[nodiscard]] virtual ComputeView compute_view(void* device_ptr, size_t bytes) = 0;
+  // The LibTorch device compute views are on (`data` is null).
+  [[nodiscard]] virtual ComputeView compute_device() const noexcept = 0;
+  // False where host code must not dereference device memory (CUDA, strict).
+  [[nodiscard]] virtual bool host_reads_device_memory() const noexcept = 0;
   // Enqueue `fn` on `stream`: it runs on a runtime thread after the work before it. An
   // exception it throws is reported by the stream's next synchronize().
   virtual void launch_host_func(Stream& stream, std::function<void()> fn) = 0;
@@ -145,9 +177,10 @@ class Accelerator {
  protected:
   explicit Accelerator(uint64_t memory_budget_bytes) : budget_bytes_(memory_budget_bytes) {}
 
-  // Raw device allocation of `bytes` > 0 bytes; throws OffloadError(kDevice) or
-  // std::bad_alloc on failure. device_free releases what device_malloc returned.
-  virtual void* device_malloc(size_t bytes) = 0;
+  // Raw device allocation of `bytes` > 0 bytes (`what`: see allocate); throws
+  // OffloadError(kDevice) or std::bad_alloc on failure. device_free releases what
+  // device_malloc returned.
+  virtual void* device_malloc(size_t bytes, std::string_view what) = 0;
   virtual void device_free(void* ptr, size_t bytes) noexcept = 0;
 
  private:

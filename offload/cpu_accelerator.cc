@@ -179,6 +179,19 @@ void CpuAccelerator::copy_to_host(void* host_dst, const void* device_src, size_t
   as_cpu(stream).enqueue([=] { std::memcpy(host_dst, device_src, bytes); });
 }
 
+void CpuAccelerator::copy_on_device(void* device_dst, const void* device_src, size_t bytes,
+                                    Stream& stream) {
+  as_cpu(stream).enqueue([=] { std::memmove(device_dst, device_src, bytes); });
+}
+
+void CpuAccelerator::fill_zero(void* device_dst, size_t bytes, Stream& stream) {
+  as_cpu(stream).enqueue([=] { std::memset(device_dst, 0, bytes); });
+}
+
+ComputeView CpuAccelerator::compute_view(void* device_ptr, size_t /*bytes*/) {
+  return {device_ptr, ComputeDevice::kCpu, -1};
+}
+
 void CpuAccelerator::launch_host_func(Stream& stream, std::function<void()> fn) {
   as_cpu(stream).enqueue(std::move(fn));
 }
@@ -225,7 +238,7 @@ aio::PinHooks CpuAccelerator::pin_hooks() {
   return hooks;
 }
 
-void* CpuAccelerator::device_malloc(size_t bytes) {
+void* CpuAccelerator::device_malloc(size_t bytes, std::string_view /*what*/) {
   const size_t rounded = (bytes + kDeviceAlignment - 1) / kDeviceAlignment * kDeviceAlignment;
   void* data = std::aligned_alloc(kDeviceAlignment, rounded);
   if (data == nullptr) {

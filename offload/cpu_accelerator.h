@@ -9,6 +9,9 @@
 // host memory needs no registration here, and the count lets tests see that pools
 // registered their buffers.
 //
+// StrictAccelerator derives from it, keeping its streams and changing only where device
+// memory lives.
+//
 // Thread safety: as Accelerator. A stream's destructor runs the work still queued on it and
 // joins its thread.
 #pragma once
@@ -22,7 +25,7 @@
 
 namespace zinf::offload {
 
-class CpuAccelerator final : public Accelerator {
+class CpuAccelerator : public Accelerator {
  public:
   // `memory_budget_bytes`: the most device memory in use at once.
   explicit CpuAccelerator(uint64_t memory_budget_bytes);
@@ -35,6 +38,12 @@ class CpuAccelerator final : public Accelerator {
   void copy_to_device(void* device_dst, const void* host_src, size_t bytes,
                       Stream& stream) override;
   void copy_to_host(void* host_dst, const void* device_src, size_t bytes, Stream& stream) override;
+  void copy_on_device(void* device_dst, const void* device_src, size_t bytes,
+                      Stream& stream) override;
+  void fill_zero(void* device_dst, size_t bytes, Stream& stream) override;
+  ComputeView compute_view(void* device_ptr, size_t bytes) override;
+  ComputeView compute_device() const noexcept override { return {}; }
+  bool host_reads_device_memory() const noexcept override { return true; }
   void launch_host_func(Stream& stream, std::function<void()> fn) override;
   void record_event(Event& event, Stream& stream) override;
   void wait_event(Stream& stream, Event& event) override;
@@ -45,7 +54,7 @@ class CpuAccelerator final : public Accelerator {
   aio::PinHooks pin_hooks() override;
 
  protected:
-  void* device_malloc(size_t bytes) override;
+  void* device_malloc(size_t bytes, std::string_view what) override;
   void device_free(void* ptr, size_t bytes) noexcept override;
 
  private:

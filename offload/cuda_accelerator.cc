@@ -174,9 +174,31 @@ CudaAccelerator::CudaAccelerator(int device, uint64_t memory_budget_bytes)
 CudaAccelerator::~CudaAccelerator() {
   std::lock_guard lock(mutex_);
   cudaSetDevice(device_);
+  release_cache();
   for (const auto& [ptr, bytes] : registered_) {
     cudaHostUnregister(ptr);
   }
+}
+
+uint64_t CudaAccelerator::runtime_allocations() const noexcept {
+  std::lock_guard lock(mutex_);
+  return runtime_allocations_;
+}
+
+uint64_t CudaAccelerator::cached_bytes() const noexcept {
+  std::lock_guard lock(mutex_);
+  return cached_bytes_;
+}
+
+void CudaAccelerator::release_cache() noexcept {
+  for (auto& [bytes, block] : cache_) {
+    auto event = static_cast<cudaEvent_t>(block.freed);
+    cudaEventSynchronize(event);
+    cudaEventDestroy(event);
+    cudaFree(block.ptr);
+  }
+  cache_.clear();
+  cached_bytes_ = 0;
 }
 
 std::unique_ptr<Stream> CudaAccelerator::create_stream() {
@@ -201,6 +223,25 @@ void CudaAccelerator::copy_to_host(void* host_dst, const void* device_src, size_
   check(cudaSetDevice(device_), "cudaSetDevice");
   check(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, cuda.get()),
         "cudaMemcpyAsync device->host of " + std::to_string(bytes) + " bytes");
+}
+
+void CudaAccelerator::copy_on_device(void* device_dst, const void* device_src, size_t bytes,
+                                     Stream& stream) {
+  CudaStream& cuda = as_cuda(stream);
+  check(cudaSetDevice(device_), "cudaSetDevice");
+  check(cudaMemcpyAsync(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice, cuda.get()),
+        "cudaMemcpyAsync device->device of " + std::to_string(bytes) + " bytes");
+}
+
+void CudaAccelerator::fill_zero(void* device_dst, size_t bytes, Stream& stream) {
+  CudaStream& cuda = as_cuda(stream);
+  check(cudaSetDevice(device_), "cudaSetDevice");
+  check(cudaMemsetAsync(device_dst, 0, bytes, cuda.get()),
+        "cudaMemsetAsync of " + std::to_string(bytes) + " bytes");
+}
+
+ComputeView CudaAccelerator::compute_view(void* device_ptr, size_t /*bytes*/) {
+  return {device_ptr, ComputeDevice::kCuda, device_};
 }
 
 void CudaAccelerator::launch_host_func(Stream& stream, std::function<void()> fn) {
@@ -274,16 +315,45 @@ aio::PinHooks CudaAccelerator::pin_hooks() {
   return hooks;
 }
 
-void* CudaAccelerator::device_malloc(size_t bytes) {
+void* CudaAccelerator::device_malloc(size_t bytes, std::string_view what) {
   check(cudaSetDevice(device_), "cudaSetDevice");
+  std::lock_guard lock(mutex_);
+  if (auto it = cache_.find(bytes); it != cache_.end()) {
+    const Cached block = it->second;
+    cache_.erase(it);
+    cached_bytes_ -= bytes;
+    auto event = static_cast<cudaEvent_t>(block.freed);
+    const cudaError_t waited = cudaEventSynchronize(event);  // readers queued before the free
+    cudaEventDestroy(event);
+    check(waited, "waiting for the last use of a cached device buffer");
+    return block.ptr;
+  }
   void* data = nullptr;
-  check(cudaMalloc(&data, bytes), "cudaMalloc of " + std::to_string(bytes) + " bytes");
+  cudaError_t status = cudaMalloc(&data, bytes);
+  if (status == cudaErrorMemoryAllocation && !cache_.empty()) {
+    cudaGetLastError();
+    release_cache();
+    status = cudaMalloc(&data, bytes);
+  }
+  check(status, "cudaMalloc of " + std::to_string(bytes) + " bytes" +
+                    (what.empty() ? std::string() : " for " + std::string(what)));
+  ++runtime_allocations_;
   return data;
 }
 
-void CudaAccelerator::device_free(void* ptr, size_t /*bytes*/) noexcept {
+void CudaAccelerator::device_free(void* ptr, size_t bytes) noexcept {
   cudaSetDevice(device_);
-  cudaFree(ptr);
+  cudaEvent_t event = nullptr;
+  if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess ||
+      cudaEventRecord(event, cudaStreamLegacy) != cudaSuccess) {
+    cudaGetLastError();
+    if (event != nullptr) cudaEventDestroy(event);
+    cudaFree(ptr);  // synchronizes with the device: nothing can still read it
+    return;
+  }
+  std::lock_guard lock(mutex_);
+  cache_.emplace(bytes, Cached{ptr, event});
+  cached_bytes_ += bytes;
 }
 
 #else  // !ZINF_HAVE_CUDA: the type exists, but cannot be constructed.
@@ -307,6 +377,11 @@ std::unique_ptr<Stream> CudaAccelerator::create_stream() { return nullptr; }
 std::unique_ptr<Event> CudaAccelerator::create_event() { return nullptr; }
 void CudaAccelerator::copy_to_device(void*, const void*, size_t, Stream&) {}
 void CudaAccelerator::copy_to_host(void*, const void*, size_t, Stream&) {}
+void CudaAccelerator::copy_on_device(void*, const void*, size_t, Stream&) {}
+void CudaAccelerator::fill_zero(void*, size_t, Stream&) {}
+ComputeView CudaAccelerator::compute_view(void* device_ptr, size_t) {
+  return {device_ptr, ComputeDevice::kCuda, device_};
+}
 void CudaAccelerator::launch_host_func(Stream&, std::function<void()>) {}
 void CudaAccelerator::record_event(Event&, Stream&) {}
 void CudaAccelerator::wait_event(Stream&, Event&) {}
@@ -314,7 +389,10 @@ void CudaAccelerator::register_host(void*, size_t) {}
 void CudaAccelerator::unregister_host(void*, size_t) noexcept {}
 uint64_t CudaAccelerator::registered_host_bytes() const noexcept { return 0; }
 aio::PinHooks CudaAccelerator::pin_hooks() { return {}; }
-void* CudaAccelerator::device_malloc(size_t) { return nullptr; }
+void* CudaAccelerator::device_malloc(size_t, std::string_view) { return nullptr; }
+uint64_t CudaAccelerator::runtime_allocations() const noexcept { return 0; }
+uint64_t CudaAccelerator::cached_bytes() const noexcept { return 0; }
+void CudaAccelerator::release_cache() noexcept {}
 void CudaAccelerator::device_free(void*, size_t) noexcept {}
 
 #endif

@@ -9,6 +9,12 @@
 // (e.g. by the hooks and then by a pool) is accepted and unregistered only by whoever
 // registered it first.
 //
+// Device memory is cached: a freed buffer goes to a free list by size, and an allocation of
+// the same size takes it back (after the work LibTorch had queued on the default stream when
+// it was freed, which may still read it), so a stage-3 step fetches its parameters without a
+// cudaMalloc once the first step has made the buffers. Cached buffers are released when a
+// cudaMalloc finds the device full, and when the accelerator is destroyed.
+//
 // Thread safety: as Accelerator. Every call sets the accelerator's device on the calling
 // thread first.
 #pragma once
@@ -40,12 +46,23 @@ class CudaAccelerator final : public Accelerator {
 
   std::string_view name() const noexcept override { return "cuda"; }
   int device() const noexcept { return device_; }
+  // cudaMalloc calls so far, and the bytes held in the free list now.
+  uint64_t runtime_allocations() const noexcept;
+  uint64_t cached_bytes() const noexcept;
 
   std::unique_ptr<Stream> create_stream() override;
   std::unique_ptr<Event> create_event() override;
   void copy_to_device(void* device_dst, const void* host_src, size_t bytes,
                       Stream& stream) override;
   void copy_to_host(void* host_dst, const void* device_src, size_t bytes, Stream& stream) override;
+  void copy_on_device(void* device_dst, const void* device_src, size_t bytes,
+                      Stream& stream) override;
+  void fill_zero(void* device_dst, size_t bytes, Stream& stream) override;
+  ComputeView compute_view(void* device_ptr, size_t bytes) override;
+  ComputeView compute_device() const noexcept override {
+    return {nullptr, ComputeDevice::kCuda, device_};
+  }
+  bool host_reads_device_memory() const noexcept override { return false; }
   void launch_host_func(Stream& stream, std::function<void()> fn) override;
   void record_event(Event& event, Stream& stream) override;
   void wait_event(Stream& stream, Event& event) override;
@@ -56,7 +73,7 @@ class CudaAccelerator final : public Accelerator {
   aio::PinHooks pin_hooks() override;
 
  protected:
-  void* device_malloc(size_t bytes) override;
+  void* device_malloc(size_t bytes, std::string_view what) override;
   void device_free(void* ptr, size_t bytes) noexcept override;
 
  private:
@@ -64,6 +81,15 @@ class CudaAccelerator final : public Accelerator {
   mutable std::mutex mutex_;
   std::map<void*, size_t> registered_;  // guarded by mutex_: ranges this object registered
   uint64_t registered_bytes_ = 0;       // guarded by mutex_
+
+  void release_cache() noexcept;  // with mutex_ held
+  struct Cached {
+    void* ptr = nullptr;
+    void* freed = nullptr;  // cudaEvent_t recorded on the default stream at free
+  };
+  std::multimap<size_t, Cached> cache_;  // guarded by mutex_: free buffers by size
+  uint64_t cached_bytes_ = 0;            // guarded by mutex_
+  uint64_t runtime_allocations_ = 0;     // guarded by mutex_
 };
 
 }  // namespace zinf::offload

@@ -31,6 +31,7 @@
 #include "tools/progress.h"
 #include "tools/save_folder.h"
 #include "tools/train_config.h"
+#include "zero/host_collectives.h"
 
 namespace zinf::tools {
 namespace {
@@ -138,7 +139,8 @@ int stop_signal() noexcept {
 bool agreed_abandon(engine::Engine& eng) {
   int64_t abandon = interrupt_count() >= 2 ? 1 : 0;
   if (eng.world_size() > 1) {
-    eng.comm().all_reduce(&abandon, 1, zero::DType::kInt64, zero::ReduceOp::kMax)->wait();
+    zero::host_all_reduce(eng.comm(), eng.accelerator(), &abandon, 1, zero::DType::kInt64,
+                          zero::ReduceOp::kMax);
   }
   return abandon != 0;
 }
@@ -207,7 +209,8 @@ class SignalWatcher {
 int agreed_signal(engine::Engine& eng) {
   int64_t sig = stop_signal();
   if (eng.world_size() > 1) {
-    eng.comm().all_reduce(&sig, 1, zero::DType::kInt64, zero::ReduceOp::kMax)->wait();
+    zero::host_all_reduce(eng.comm(), eng.accelerator(), &sig, 1, zero::DType::kInt64,
+                          zero::ReduceOp::kMax);
   }
   return static_cast<int>(sig);
 }
@@ -591,9 +594,12 @@ int run_train(const TrainArgs& args) {
         }
         const at::Tensor loss = eng.forward([&] {
           loader.next(micro, inputs, targets);
-          // Cloned: the embedding's backward keeps the token ids.
-          const at::Tensor x = at::from_blob(inputs.data(), {micro, seq_len}, at::kLong).clone();
-          const at::Tensor y = at::from_blob(targets.data(), {micro, seq_len}, at::kLong).clone();
+          // Copied onto the engine's device (the embedding's backward keeps the token ids).
+          const at::TensorOptions ids = at::TensorOptions().dtype(at::kLong).device(eng.device());
+          const at::Tensor x = at::from_blob(inputs.data(), {micro, seq_len}, at::kLong)
+                                   .to(ids, /*non_blocking=*/false, /*copy=*/true);
+          const at::Tensor y = at::from_blob(targets.data(), {micro, seq_len}, at::kLong)
+                                   .to(ids, /*non_blocking=*/false, /*copy=*/true);
           return module->loss(x, y);
         });
         eng.backward(loss);

@@ -9,6 +9,7 @@
 
 #include "engine/config/lr_schedule.h"
 #include "engine/config/resolve.h"
+#include "engine/cuda_compute.h"
 #include "offload/cuda_accelerator.h"
 #include "tools/train.h"
 
@@ -153,13 +154,20 @@ RunConfig resolve_run_config(nlohmann::json root, const std::string& source,
   ctx.total_steps = overrides.steps;
   ctx.hidden_size = model.hidden_size;
   ctx.param_numels = llama_swapped_param_numels(model);
-  ctx.cuda_available = offload::cuda_device_count() > 0;
+  ctx.cuda_unavailable_reason = engine::cuda_compute_unavailable_reason();
+  ctx.cuda_available = ctx.cuda_unavailable_reason.empty();
   ctx.check_paths = overrides.check_paths;
   ctx.default_micro_batch_per_gpu = kDefaultMicroBatch;
   ctx.default_gradient_accumulation_steps = kDefaultGradAccum;
   apply_batch_overrides(c, overrides, ctx, lines);
   apply_lr_override(c, overrides, ctx, lines);
   config::resolve_auto(c, ctx);
+  if (c.zinf.accelerator == config::AcceleratorType::kCuda && !ctx.cuda_available) {
+    throw config::ConfigError(source, "zinf.accelerator.type",
+                              "\"cuda\" cannot be used: " + ctx.cuda_unavailable_reason +
+                                  " (\"auto\" picks the CPU then; \"strict\" checks the GPU "
+                                  "path without one)");
+  }
   if (override_lines != nullptr) *override_lines = std::move(lines);
   return c;
 }
@@ -232,7 +240,7 @@ engine::EngineOptions engine_options(const RunConfig& c, const zero::LaunchEnv& 
   e.wall_clock_breakdown = c.wall_clock_breakdown;
   e.gather_16bit_weights_on_model_save = c.checkpoint.gather_16bit_weights_on_model_save;
 
-  e.accelerator = c.zinf.accelerator == config::AcceleratorType::kCuda ? "cuda" : "cpu";
+  e.accelerator = std::string(config::to_string(c.zinf.accelerator));
   if (c.zinf.memory_budget_bytes) e.memory_budget = *c.zinf.memory_budget_bytes;
   e.comm.backend = c.zinf.comm_backend;
   e.comm.timeout = c.zero.comm_timeout;

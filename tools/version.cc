@@ -5,6 +5,7 @@
 #include <string>
 
 #include "aio/handle.h"
+#include "engine/cuda_compute.h"
 #include "optimizer_cpu/simd_level.h"
 #include "tools/commands.h"
 
@@ -62,6 +63,9 @@ std::string version_text() {
   text += fmt::format("optimizer SIMD: {} (available: {})\n", optimizer_cpu::active_simd_level(),
                       levels);
   text += fmt::format("cuda: {}\n", cuda_status());
+  const std::string why = engine::cuda_compute_unavailable_reason();
+  text += fmt::format("cuda compute: {}\n",
+                      why.empty() ? "yes (zinf train computes on the GPU)" : "no: " + why);
   return text;
 }
 

@@ -1,11 +1,14 @@
 #include "zero/grad_reducer.h"
 
+#include <ATen/ATen.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 
+#include "zero/comm/torch_dtype.h"
+#include "zero/device_tensor.h"
 #include "zero/dtype_convert.h"
 #include "zero/error.h"
 
@@ -33,6 +36,7 @@ GradReducer::GradReducer(const PartitionLayout& layout, const ZeroConfig& config
       comm_dtype_(parse_comm_dtype(config.communication_data_type, grad_dtype)),
       optimizer_(optimizer),
       accelerator_(accelerator),
+      host_reads_device_(accelerator.host_reads_device_memory()),
       world_(comm.world_size()),
       stage0_(layout.world_size() == 1 && comm.world_size() > 1) {
   if (!stage0_ && layout.world_size() != comm.world_size()) {
@@ -42,11 +46,21 @@ GradReducer::GradReducer(const PartitionLayout& layout, const ZeroConfig& config
   contributions_.assign(layout_.param_count(), 1);
   received_.assign(layout_.param_count(), 0);
   pending_.resize(layout_.param_count());
-  if (world_ == 1) {
-    return;  // no buckets
+  if (!host_reads_device_) {
+    stream_ = accelerator_.create_stream();
   }
   uint64_t largest = 0;
   uint64_t total = 0;
+  if (world_ == 1) {
+    // No buckets: each gradient goes to the host whole, through the staging buffer.
+    if (!host_reads_device_) {
+      for (size_t p = 0; p < layout_.param_count(); ++p) {
+        largest = std::max(largest, layout_.slice(p).numel);
+      }
+      staging_ = aio::PinnedBuffer(largest * sizeof(float));
+    }
+    return;
+  }
   for (size_t p = 0; p < layout_.param_count(); ++p) {
     const uint64_t padded = stage0_ ? layout_.slice(p).numel
                                     : layout_.slice(p).slice_numel * static_cast<uint64_t>(world_);
@@ -56,20 +70,39 @@ GradReducer::GradReducer(const PartitionLayout& layout, const ZeroConfig& config
   const uint64_t bucket = std::max<uint64_t>(config_.reduce_bucket_size, 1);
   capacity_ = std::max(largest, std::min(bucket, total));
   const size_t element = dtype_size(comm_dtype_);
-  fill_ = accelerator_.allocate(capacity_ * element);
+  fill_ = accelerator_.allocate(capacity_ * element, "gradient bucket (filling)");
+  fill_view_ = view(fill_, comm_dtype_);
   const size_t slots = config_.overlap_comm ? 2 : 1;
   for (size_t s = 0; s < slots; ++s) {
-    if (!stage0_) {
-      send_[s] = accelerator_.allocate(capacity_ * element);
-      if (config_.reduce_scatter) {
-        // A bucket's region is at most capacity / world elements (a bucket holds whole
-        // padded parameters, each a multiple of the world size).
-        recv_[s] = accelerator_.allocate(capacity_ / static_cast<uint64_t>(world_) * element);
-      }
-    } else {
-      send_[s] = accelerator_.allocate(capacity_ * element);
+    send_[s] = accelerator_.allocate(capacity_ * element, "gradient bucket (reducing)");
+    send_view_[s] = view(send_[s], comm_dtype_);
+    if (!stage0_ && config_.reduce_scatter) {
+      // A bucket's region is at most capacity / world elements (a bucket holds whole
+      // padded parameters, each a multiple of the world size).
+      recv_[s] = accelerator_.allocate(capacity_ / static_cast<uint64_t>(world_) * element,
+                                       "gradient bucket (this rank's region)");
     }
   }
+  if (!host_reads_device_) {
+    // What host code reads of a bucket: all of it at stage 0, this rank's region otherwise.
+    staging_ = aio::PinnedBuffer((stage0_ ? capacity_ : capacity_ / static_cast<uint64_t>(world_)) *
+                                 element);
+  }
+}
+
+at::Tensor GradReducer::view(const offload::DeviceBuffer& buffer, DType dtype) {
+  return device_tensor(accelerator_, buffer.data(),
+                       {static_cast<int64_t>(buffer.size() / dtype_size(dtype))}, dtype);
+}
+
+const void* GradReducer::to_host(const void* device, uint64_t count) {
+  if (host_reads_device_) {
+    return device;
+  }
+  const size_t bytes = count * dtype_size(comm_dtype_);
+  accelerator_.copy_to_host(staging_.data(), device, bytes, *stream_);
+  stream_->synchronize();
+  return staging_.data();
 }
 
 GradReducer::~GradReducer() {
@@ -98,35 +131,57 @@ void GradReducer::begin_micro_batch(int micro_batch) {
   optimizer_.begin_micro_batch(micro_batch);
 }
 
-void GradReducer::add(size_t param, const void* grad) {
+void GradReducer::add(size_t param, const at::Tensor& grad) {
   if (param >= contributions_.size()) {
     throw ZeroError(
         fmt::format("gradient reducer: parameter {} of {}", param, contributions_.size()));
   }
   const ParamSlice& s = layout_.slice(param);
+  if (grad.defined() && static_cast<uint64_t>(grad.numel()) != s.numel) {
+    throw ZeroError(
+        fmt::format("gradient reducer: a gradient of {} elements for parameter {} "
+                    "of {}",
+                    grad.numel(), param, s.numel));
+  }
   if (contributions_[param] > 1) {
-    std::vector<float>& sum = pending_[param];
+    // Summed in fp32 on the device until the last contribution arrives.
+    at::Tensor& sum = pending_[param];
     if (received_[param] == 0) {
-      sum.assign(s.numel, 0.0f);
+      sum = grad.defined() ? grad.reshape({-1}).to(at::kFloat, /*non_blocking=*/false,
+                                                   /*copy=*/true)
+                           : at::Tensor();
+    } else if (grad.defined()) {
+      sum = sum.defined() ? sum.add_(grad.reshape({-1}))
+                          : grad.reshape({-1}).to(at::kFloat, /*non_blocking=*/false,
+                                                  /*copy=*/true);
     }
-    accumulate_scaled(sum.data(), grad, grad_dtype_, s.numel, 1.0f);
     if (++received_[param] < contributions_[param]) {
       return;
     }
-    add_to_bucket(param, sum.data(), DType::kFloat32);
-    sum.clear();
-    sum.shrink_to_fit();
+    add_to_bucket(param, sum);
+    sum = at::Tensor();
     return;
   }
   ++received_[param];
-  add_to_bucket(param, grad, grad_dtype_);
+  add_to_bucket(param, grad);
 }
 
-void GradReducer::add_to_bucket(size_t param, const void* grad, DType dtype) {
+void GradReducer::add_to_bucket(size_t param, const at::Tensor& grad) {
   const ParamSlice& s = layout_.slice(param);
   if (world_ == 1) {
     // One rank: the whole gradient is this rank's slice (no padding).
-    optimizer_.accumulate(s.partition_offset, grad, dtype, s.numel, 1.0f);
+    at::Tensor flat;
+    if (!grad.defined()) {
+      // A zero contribution still goes in, as the optimizer stages its sub-groups by it.
+      flat = at::zeros({static_cast<int64_t>(s.numel)}, at::kFloat);
+    } else if (flat = grad.reshape({-1}); host_reads_device_) {
+      flat = flat.contiguous();
+    } else {
+      flat = at::from_blob(staging_.data(), {flat.numel()}, flat.options().device(at::kCPU))
+                 .copy_(flat);
+    }
+    optimizer_.accumulate(s.partition_offset, flat.data_ptr(), dtype_of(flat.scalar_type()),
+                          s.numel, 1.0f);
     return;
   }
   const uint64_t padded = s.slice_numel * static_cast<uint64_t>(world_);
@@ -134,11 +189,16 @@ void GradReducer::add_to_bucket(size_t param, const void* grad, DType dtype) {
   if (fill_used_ + need > capacity_) {
     issue_bucket();
   }
-  const size_t element = dtype_size(comm_dtype_);
-  auto* dst = static_cast<std::byte*>(fill_.data()) + fill_used_ * element;
-  convert(grad, dtype, dst, comm_dtype_, s.numel);
+  const auto used = static_cast<int64_t>(fill_used_);
+  at::Tensor dst = fill_view_.narrow(0, used, static_cast<int64_t>(s.numel));
+  if (grad.defined()) {
+    dst.copy_(grad.reshape({-1}));
+  } else {
+    dst.zero_();
+  }
   if (need > s.numel) {
-    std::memset(dst + s.numel * element, 0, (need - s.numel) * element);
+    fill_view_.narrow(0, used + static_cast<int64_t>(s.numel), static_cast<int64_t>(need - s.numel))
+        .zero_();
   }
   fill_params_.push_back({param, fill_used_});
   fill_used_ += need;
@@ -158,9 +218,11 @@ void GradReducer::issue_bucket() {
   next_slot_ = (next_slot_ + 1) % slots;
   const size_t element = dtype_size(comm_dtype_);
   auto* send = static_cast<std::byte*>(send_[bucket.slot].data());
-  const auto* fill = static_cast<const std::byte*>(fill_.data());
+  at::Tensor& send_view = send_view_[bucket.slot];
+  const auto used = static_cast<int64_t>(fill_used_);
   if (stage0_) {
-    std::memcpy(send, fill, fill_used_ * element);
+    send_view.narrow(0, 0, used).copy_(fill_view_.narrow(0, 0, used));
+    wait_for_compute(send_view.device());
     bucket.count = fill_used_;
     bucket.params = std::move(fill_params_);
     bucket.work = comm_.all_reduce(send, fill_used_, comm_dtype_, ReduceOp::kSum);
@@ -171,13 +233,17 @@ void GradReducer::issue_bucket() {
     for (const auto& [param, fill_offset] : fill_params_) {
       const uint64_t slice = layout_.slice(param).slice_numel;
       for (int r = 0; r < world_; ++r) {
-        std::memcpy(send + (static_cast<uint64_t>(r) * count + region_offset) * element,
-                    fill + (fill_offset + static_cast<uint64_t>(r) * slice) * element,
-                    slice * element);
+        send_view
+            .narrow(0, static_cast<int64_t>(static_cast<uint64_t>(r) * count + region_offset),
+                    static_cast<int64_t>(slice))
+            .copy_(fill_view_.narrow(
+                0, static_cast<int64_t>(fill_offset + static_cast<uint64_t>(r) * slice),
+                static_cast<int64_t>(slice)));
       }
       bucket.params.push_back({param, region_offset});
       region_offset += slice;
     }
+    wait_for_compute(send_view.device());
     bucket.count = count;
     if (config_.reduce_scatter) {
       bucket.work =
@@ -211,7 +277,8 @@ void GradReducer::process(InFlight& bucket) {
   const size_t element = dtype_size(comm_dtype_);
   const float scale = 1.0f / static_cast<float>(world_);
   if (stage0_) {
-    const auto* data = static_cast<const std::byte*>(send_[bucket.slot].data());
+    const auto* data =
+        static_cast<const std::byte*>(to_host(send_[bucket.slot].data(), bucket.count));
     for (const auto& [param, offset] : bucket.params) {
       const ParamSlice& s = layout_.slice(param);
       optimizer_.accumulate(s.partition_offset, data + offset * element, comm_dtype_, s.numel,
@@ -219,10 +286,11 @@ void GradReducer::process(InFlight& bucket) {
     }
     return;
   }
-  const std::byte* mine = config_.reduce_scatter
-                              ? static_cast<const std::byte*>(recv_[bucket.slot].data())
-                              : static_cast<const std::byte*>(send_[bucket.slot].data()) +
-                                    static_cast<uint64_t>(comm_.rank()) * bucket.count * element;
+  const void* region = config_.reduce_scatter
+                           ? recv_[bucket.slot].data()
+                           : static_cast<const std::byte*>(send_[bucket.slot].data()) +
+                                 static_cast<uint64_t>(comm_.rank()) * bucket.count * element;
+  const auto* mine = static_cast<const std::byte*>(to_host(region, bucket.count));
   for (const auto& [param, offset] : bucket.params) {
     const ParamSlice& s = layout_.slice(param);
     optimizer_.accumulate(s.partition_offset, mine + offset * element, comm_dtype_, s.slice_numel,
@@ -233,9 +301,8 @@ void GradReducer::process(InFlight& bucket) {
 void GradReducer::end_micro_batch() {
   for (size_t p = 0; p < pending_.size(); ++p) {
     if (contributions_[p] > 1 && received_[p] > 0 && received_[p] < contributions_[p]) {
-      add_to_bucket(p, pending_[p].data(), DType::kFloat32);
-      pending_[p].clear();
-      pending_[p].shrink_to_fit();
+      add_to_bucket(p, pending_[p]);
+      pending_[p] = at::Tensor();
     }
   }
   issue_bucket();

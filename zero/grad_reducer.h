@@ -21,15 +21,25 @@
 // n-th arrives, then bucketed once. Whatever is still pending at end_micro_batch() is
 // bucketed then, in parameter order (every rank does the same, so collectives match).
 //
+// Device discipline: buckets are device memory (the accelerator's), filled, padded and
+// rearranged by LibTorch ops on the accelerator's compute views, and reduced by the
+// communicator in place on the device. Host code reads only this rank's reduced slices, after
+// the accelerator copies them into a pinned staging buffer (accelerators whose device memory
+// is host memory, the CPU one, skip that copy). With one rank a gradient goes from the device
+// to the staging buffer the same way.
+//
 // Thread safety: none; the thread running backward calls everything (collectives are issued
 // in the same order on every rank because backward visits parameters in the same order).
 #pragma once
+
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <vector>
 
+#include "aio/pinned_buffer.h"
 #include "offload/accelerator.h"
 #include "zero/comm/communicator.h"
 #include "zero/partition.h"
@@ -61,9 +71,10 @@ class GradReducer {
   void set_contributions(size_t param, int count);
 
   void begin_micro_batch(int micro_batch);
-  // One contribution to `param`'s gradient: numel elements of grad_dtype, contiguous. The
-  // memory may be reused as soon as this returns.
-  void add(size_t param, const void* grad);
+  // One contribution to `param`'s gradient: a tensor of its numel elements (any shape,
+  // dtype and layout, on the accelerator's compute device), or an undefined tensor for a zero
+  // contribution. The tensor may be reused as soon as this returns.
+  void add(size_t param, const at::Tensor& grad);
   // Reduces what is left, waits for every reduction and closes the micro-batch in the
   // optimizer.
   void end_micro_batch();
@@ -81,10 +92,15 @@ class GradReducer {
     std::vector<std::pair<size_t, uint64_t>> params;  // (param, offset in the rank region)
   };
 
-  void add_to_bucket(size_t param, const void* grad, DType dtype);
+  void add_to_bucket(size_t param, const at::Tensor& grad);
   void issue_bucket();
   void finish_oldest();
   void process(InFlight& bucket);
+  // `count` elements of comm_dtype_ at `device` (device memory), readable by host code: the
+  // pointer itself, or a pinned copy of it.
+  const void* to_host(const void* device, uint64_t count);
+  // A flat tensor over `buffer`'s compute view.
+  at::Tensor view(const offload::DeviceBuffer& buffer, DType dtype);
 
   const PartitionLayout& layout_;
   const ZeroConfig config_;
@@ -93,6 +109,9 @@ class GradReducer {
   DType comm_dtype_;
   PartitionedOptimizer& optimizer_;
   offload::Accelerator& accelerator_;
+  const bool host_reads_device_;             // accelerator_.host_reads_device_memory()
+  std::unique_ptr<offload::Stream> stream_;  // device -> pinned copies
+  aio::PinnedBuffer staging_;                // host side of those copies
   const int world_;
   const bool stage0_;  // the layout has world size 1 while the ranks are many
 
@@ -100,14 +119,16 @@ class GradReducer {
   offload::DeviceBuffer fill_;     // param-major: [param][padded elements]
   offload::DeviceBuffer send_[2];  // rank-major copy of a full bucket
   offload::DeviceBuffer recv_[2];  // this rank's region after a reduce-scatter
+  at::Tensor fill_view_;
+  at::Tensor send_view_[2];
   uint64_t fill_used_ = 0;
   std::vector<std::pair<size_t, uint64_t>> fill_params_;  // (param, offset in fill_)
   std::deque<InFlight> in_flight_;
   size_t next_slot_ = 0;
 
-  std::vector<int> contributions_;           // expected per micro-batch
-  std::vector<int> received_;                // this micro-batch
-  std::vector<std::vector<float>> pending_;  // tied params' partial sums
+  std::vector<int> contributions_;   // expected per micro-batch
+  std::vector<int> received_;        // this micro-batch
+  std::vector<at::Tensor> pending_;  // tied params' partial sums (fp32, on the device)
   GradReducerStats stats_;
 };
 

@@ -128,7 +128,7 @@ void ParamStore::set_slice(size_t m, const void* slice) {
   const uint64_t bytes = slice_bytes(p);
   switch (options_.tier) {
     case OffloadTarget::kNone:
-      p.device_slice = accelerator_.allocate(bytes);
+      p.device_slice = accelerator_.allocate(bytes, "parameter slice");
       accelerator_.copy_to_device(p.device_slice.data(), slice, bytes, *h2d_);
       h2d_->synchronize();
       break;
@@ -284,7 +284,7 @@ void ParamStore::start_copy(size_t m) {
     return;
   }
   const auto start = Clock::now();
-  p.device_slice = accelerator_.allocate(slice_bytes(p));
+  p.device_slice = accelerator_.allocate(slice_bytes(p), "parameter slice");
   if (!p.copied) {
     p.copied = accelerator_.create_event();
   }
@@ -348,7 +348,8 @@ void ParamStore::start_gather(size_t m) {
     return;
   }
   wait_copy(p);
-  p.full = accelerator_.allocate(slice_bytes(p) * static_cast<uint64_t>(comm_.world_size()));
+  p.full = accelerator_.allocate(slice_bytes(p) * static_cast<uint64_t>(comm_.world_size()),
+                                 "gathered parameter");
   p.gather = comm_.all_gather(p.device_slice.data(), p.full.data(), p.slice_numel, options_.dtype);
   ++stats_.gathers;
   stats_.gathered_bytes += p.full.size();

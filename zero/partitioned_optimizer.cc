@@ -9,6 +9,7 @@
 
 #include "zero/dtype_convert.h"
 #include "zero/error.h"
+#include "zero/host_collectives.h"
 
 namespace zinf::zero {
 namespace {
@@ -37,7 +38,11 @@ PartitionedOptimizer::PartitionedOptimizer(const PartitionLayout& layout, const 
                                            offload::NvmeStore* store,
                                            offload::Accelerator* accelerator, Communicator& comm,
                                            bool norm_is_global)
-    : layout_(layout), config_(config), comm_(comm), norm_is_global_(norm_is_global) {
+    : layout_(layout),
+      config_(config),
+      comm_(comm),
+      accelerator_(accelerator),
+      norm_is_global_(norm_is_global) {
   if (layout_.partition_numel() == 0) {
     throw ZeroError("the model has no trainable parameters to optimize");
   }
@@ -283,7 +288,11 @@ OptimizerStepOutcome PartitionedOptimizer::step(int64_t step, double loss_scale,
     totals[1] += static_cast<double>(nonfinite_[g]);
   }
   if (!norm_is_global_ && comm_.world_size() > 1) {
-    comm_.all_reduce(totals, 2, DType::kFloat64, ReduceOp::kSum)->wait();
+    if (accelerator_ != nullptr) {
+      host_all_reduce(comm_, *accelerator_, totals, 2, DType::kFloat64, ReduceOp::kSum);
+    } else {
+      comm_.all_reduce(totals, 2, DType::kFloat64, ReduceOp::kSum)->wait();
+    }
   }
   outcome.nonfinite = static_cast<uint64_t>(totals[1]);
   const double scale = loss_scale > 0.0 ? loss_scale : 1.0;

@@ -101,6 +101,7 @@ class PartitionedOptimizer {
   const PartitionLayout& layout_;
   const ZeroConfig config_;
   Communicator& comm_;
+  offload::Accelerator* accelerator_;  // may be null: collectives on host memory then
   const bool norm_is_global_;
   std::unique_ptr<offload::OptimizerSwapper> swapper_;
   bool nvme_ = false;

@@ -10,8 +10,10 @@
 #include <unordered_map>
 
 #include "zero/comm/torch_dtype.h"
+#include "zero/device_tensor.h"
 #include "zero/dtype_convert.h"
 #include "zero/error.h"
+#include "zero/host_collectives.h"
 
 namespace zinf::zero {
 namespace {
@@ -250,7 +252,7 @@ void ZeroModel::partition(const Initializer& initializer) {
       }
     }
     if (world > 1) {
-      comm_.broadcast(full.data_ptr(), p.numel, DType::kFloat32, 0)->wait();
+      host_broadcast(comm_, accelerator_, full.data_ptr(), p.numel, DType::kFloat32, 0);
     }
     const float* values = full.data_ptr<float>();
     slice.assign(s.slice_numel, 0.0f);
@@ -263,7 +265,7 @@ void ZeroModel::partition(const Initializer& initializer) {
       unbind(p);
     } else {
       const uint64_t padded = s.slice_numel * static_cast<uint64_t>(layout_->world_size());
-      p.storage = accelerator_.allocate(padded * element);
+      p.storage = accelerator_.allocate(padded * element, p.name);
       std::vector<std::byte> host(padded * element, std::byte{0});
       from_float(values, host.data(), dtype_, p.numel);
       accelerator_.copy_to_device(p.storage.data(), host.data(), host.size(), *copy_stream_);
@@ -330,8 +332,7 @@ void ZeroModel::partition(const Initializer& initializer) {
 
 void ZeroModel::bind(Param& param, void* data) {
   torch::NoGradGuard no_grad;
-  param.var.set_data(
-      torch::from_blob(data, param.shape, torch::TensorOptions().dtype(scalar_type(dtype_))));
+  param.var.set_data(device_tensor(accelerator_, data, param.shape, dtype_));
 }
 
 void ZeroModel::unbind(Param& param) {
@@ -431,18 +432,17 @@ void ZeroModel::block_grads(size_t block, const std::vector<torch::Tensor>& grad
 
 void ZeroModel::add_grad(size_t param_index, const torch::Tensor& grad) {
   const Param& p = params_[param_index];
-  torch::Tensor g;
-  if (!grad.defined()) {
-    g = torch::zeros({static_cast<int64_t>(p.numel)},
-                     torch::TensorOptions().dtype(scalar_type(dtype_)));
-  } else {
-    g = grad.to(scalar_type(dtype_)).contiguous();
+  torch::Tensor g;  // undefined: a zero contribution
+  if (grad.defined()) {
+    g = grad.to(scalar_type(dtype_));
     if (static_cast<uint64_t>(g.numel()) != p.numel) {
       throw ZeroError(fmt::format("parameter \"{}\": a gradient of {} elements for {}", p.name,
                                   g.numel(), p.numel));
     }
   }
-  reducer_->add(static_cast<size_t>(p.layout_index), g.data_ptr());
+  // The gradient stays on the device: the reducer copies it into device buckets, and host
+  // code sees only the reduced slices this rank owns.
+  reducer_->add(static_cast<size_t>(p.layout_index), g);
 }
 
 OptimizerStepOutcome ZeroModel::step(int64_t step, double loss_scale) {
@@ -576,7 +576,8 @@ std::vector<torch::Tensor> ZeroModel::gather_master() {
     if (world == 1) {
       std::memcpy(full.data_ptr<float>(), slices[lp].data(), slice * sizeof(float));
     } else {
-      comm_.all_gather(slices[lp].data(), full.data_ptr<float>(), slice, DType::kFloat32)->wait();
+      host_all_gather(comm_, accelerator_, slices[lp].data(), full.data_ptr<float>(), slice,
+                      DType::kFloat32);
     }
     result[trainable_[lp]] = full.narrow(0, 0, static_cast<int64_t>(p.numel)).view(p.shape);
   }

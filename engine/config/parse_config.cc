@@ -68,6 +68,8 @@ std::string_view to_string(AcceleratorType type) {
       return "cpu";
     case AcceleratorType::kCuda:
       return "cuda";
+    case AcceleratorType::kStrict:
+      return "strict";
   }
   return "?";
 }
@@ -627,7 +629,7 @@ void parse_zinf(JsonBlock& top, RunConfig& c) {
   if (!b) return;
   ZinfConfig& z = c.zinf;
   if (std::optional<JsonBlock> a = b->block("accelerator")) {
-    static const std::vector<std::string_view> kTypes = {"auto", "cpu", "cuda"};
+    static const std::vector<std::string_view> kTypes = {"auto", "cpu", "cuda", "strict"};
     z.accelerator = static_cast<AcceleratorType>(a->choice("type", kTypes, 0));
     z.memory_budget_bytes = a->bytes("memory_budget");
     if (z.memory_budget_bytes && *z.memory_budget_bytes == 0) {

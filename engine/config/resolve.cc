@@ -220,7 +220,9 @@ void Resolver::accelerator() {
   c_.zinf.accelerator = ctx_.cuda_available ? AcceleratorType::kCuda : AcceleratorType::kCpu;
   c_.auto_keys.insert("zinf.accelerator.type");  // so that record() says "auto"
   record("zinf.accelerator.type", to_string(c_.zinf.accelerator),
-         ctx_.cuda_available ? "a CUDA device is usable" : "no usable CUDA device");
+         ctx_.cuda_available                    ? "a CUDA device is usable"
+         : ctx_.cuda_unavailable_reason.empty() ? "no usable CUDA device"
+                                                : ctx_.cuda_unavailable_reason);
 }
 
 // The key a swap folder came from, for messages.

@@ -62,8 +62,9 @@ struct AutoContext {
   std::vector<uint64_t> param_numels;
 
   // From the machine.
-  bool cuda_available = false;
-  bool check_paths = true;  // run check_nvme_paths()
+  bool cuda_available = false;          // this build can compute on CUDA and a device is usable
+  std::string cuda_unavailable_reason;  // why not, for the start-up line (may be empty)
+  bool check_paths = true;              // run check_nvme_paths()
 };
 
 // Resolves every "auto" of `config` (RunConfig::auto_keys is empty afterwards), fills the

@@ -180,12 +180,14 @@ struct ZeroExtraConfig {
 
 // ---- the "zinf" object ------------------------------------------------------------------------
 
-enum class AcceleratorType : uint8_t { kAuto, kCpu, kCuda };
+enum class AcceleratorType : uint8_t { kAuto, kCpu, kCuda, kStrict };
 [[nodiscard]] std::string_view to_string(AcceleratorType type);
 
 struct ZinfConfig {
   // zinf.accelerator.type: "cuda" when a GPU is to be used, "cpu" for the CPU accelerator
-  // (host memory under memory_budget), "auto" (resolve_auto: cuda when one is usable).
+  // (host memory under memory_budget), "strict" for the CPU accelerator with device memory
+  // the host cannot read (offload/strict_accelerator.h: proves the device discipline without a
+  // GPU), "auto" (resolve_auto: cuda when one is usable).
   AcceleratorType accelerator = AcceleratorType::kAuto;
   // zinf.accelerator.memory_budget in bytes ("8GB", "8GiB", 8e9); unset: the engine decides.
   std::optional<uint64_t> memory_budget_bytes;

@@ -210,9 +210,12 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   at::Tensor k = split(k_proj(x));
   at::Tensor v = split(v_proj(x));
   // Rotary positions (the "rotate half" form): angle = position / theta^(2i / head_dim).
-  const at::Tensor inv_freq = 1.0 / at::pow(rope_theta, at::arange(0, head_dim, 2, at::kFloat) /
-                                                            static_cast<double>(head_dim));
-  const at::Tensor freqs = at::outer(at::arange(seq, at::kFloat), inv_freq);
+  // On the activations' device (a GPU's when the engine computes on one).
+  const at::TensorOptions on_device = at::TensorOptions().device(x.device());
+  const at::Tensor inv_freq =
+      1.0 / at::pow(rope_theta, at::arange(0, head_dim, 2, on_device.dtype(at::kFloat)) /
+                                    static_cast<double>(head_dim));
+  const at::Tensor freqs = at::outer(at::arange(seq, on_device.dtype(at::kFloat)), inv_freq);
   const at::Tensor angles = at::cat({freqs, freqs}, -1);  // [S, D]
   const at::Tensor cos = angles.cos().to(x.scalar_type());
   const at::Tensor sin = angles.sin().to(x.scalar_type());
@@ -220,7 +223,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   k = k * cos + rotate_half(k) * sin;
   at::Tensor scores = portable_matmul(q, k.transpose(-2, -1)).to(at::kFloat) /
                       std::sqrt(static_cast<double>(head_dim));
-  const at::Tensor future = at::ones({seq, seq}, at::kBool).triu(1);
+  const at::Tensor future = at::ones({seq, seq}, on_device.dtype(at::kBool)).triu(1);
   scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
   const at::Tensor probs = at::softmax(scores, -1).to(x.scalar_type());
   const at::Tensor out = portable_matmul(probs, v).transpose(1, 2).reshape({batch, seq, hidden});

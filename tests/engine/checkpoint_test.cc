@@ -24,6 +24,7 @@
 #include "tests/common/multi_process.h"
 #include "tests/common/seed.h"
 #include "tests/common/temp_dir.h"
+#include "tests/common/test_accelerator.h"
 #include "tests/serialization/serialization_test_util.h"
 
 namespace zinf::engine {
@@ -62,6 +63,7 @@ EngineOptions options_for(int stage, const std::string& nvme = {}) {
   o.tokens_per_sample = kSeq;
   o.steps_per_print = 0;
   o.memory_budget = 1ull << 30;
+  o.accelerator = ::zinf::testing::test_accelerator();
   o.launch = zero::detect_launch_env();  // a rank started by run_ranks joins its peers
   if (!nvme.empty()) {
     o.zero.offload_optimizer = zero::OffloadTarget::kNvme;

@@ -36,6 +36,7 @@
 #include "engine/model/llama.h"
 #include "tests/common/multi_process.h"
 #include "tests/common/temp_dir.h"
+#include "tests/common/test_accelerator.h"
 #include "tests/engine/tiny_llama.h"
 
 namespace zinf::engine {
@@ -43,7 +44,7 @@ namespace {
 
 constexpr int kSteps = 20;
 constexpr int kWorld = 2;
-constexpr int64_t kGlobalBatch = 4;  // samples per optimizer step, all ranks together
+constexpr int64_t kGlobalBatch = 4;  // samples per optimizer step, all ranks together (2 ranks)
 constexpr int64_t kSeq = 16;
 constexpr int64_t kVocab = 64;
 constexpr double kLr = 3e-3;
@@ -65,9 +66,16 @@ constexpr double kFp16Tolerance = 0.005;
 
 LlamaConfig tiny() { return testing::tiny_llama(kVocab); }
 
+// Samples per optimizer step: kGlobalBatch, or ZINF_TEST_GLOBAL_BATCH in ranks launched with
+// another (3 ranks take 6).
+int64_t global_batch_size() {
+  const char* env = std::getenv("ZINF_TEST_GLOBAL_BATCH");
+  return env != nullptr ? std::stoll(env) : kGlobalBatch;
+}
+
 // Global batch `step`, from a generator seeded by the step.
-std::pair<at::Tensor, at::Tensor> global_batch(int64_t step) {
-  return testing::arithmetic_batch(5000 + static_cast<uint64_t>(step), kGlobalBatch, kSeq);
+std::pair<at::Tensor, at::Tensor> global_batch(int64_t step, int64_t size = global_batch_size()) {
+  return testing::arithmetic_batch(5000 + static_cast<uint64_t>(step), size, kSeq);
 }
 
 // Rank `rank`'s share of a global batch: rows rank, rank + world, ...
@@ -77,14 +85,14 @@ at::Tensor share(const at::Tensor& global, int rank, int world) {
 
 void init(const std::string& name, at::Tensor& full) { init_parameter(kInitSeed, name, full); }
 
-std::vector<double> train_reference() {
+std::vector<double> train_reference(int64_t global = kGlobalBatch) {
   LlamaModel model(tiny());
   model->initialize(kInitSeed);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(kLr).weight_decay(0.01));
   std::vector<double> losses;
   for (int s = 0; s < kSteps; ++s) {
     opt.zero_grad();
-    auto [x, y] = global_batch(s);
+    auto [x, y] = global_batch(s, global);
     at::Tensor loss = model->loss(x, y);
     loss.backward();
     opt.step();
@@ -109,6 +117,7 @@ EngineOptions options_for(const std::string& name, const std::string& nvme_dir) 
   o.tokens_per_sample = kSeq;
   o.steps_per_print = 0;
   o.memory_budget = 1ull << 30;
+  o.accelerator = ::zinf::testing::test_accelerator();
   if (name == "stage3_cpu") {
     o.zero.offload_optimizer = zero::OffloadTarget::kCpu;
     o.zero.offload_param = zero::OffloadTarget::kCpu;
@@ -129,12 +138,16 @@ EngineOptions options_for(const std::string& name, const std::string& nvme_dir) 
 }
 
 // Trains kSteps steps with the Engine: each rank takes its share of every global batch.
-std::vector<double> train_engine(EngineOptions options, at::ScalarType dtype) {
+std::vector<double> train_engine(EngineOptions options, at::ScalarType dtype,
+                                 std::string* accelerator = nullptr) {
   const int rank = options.launch.rank;
   const int world = options.launch.world_size;
-  options.micro_batch_size = kGlobalBatch / world;
+  options.micro_batch_size = global_batch_size() / world;
   auto model = std::make_shared<LlamaModelImpl>(tiny(), dtype);
   Engine engine(model, options, init);
+  if (accelerator != nullptr) {
+    *accelerator = std::string(engine.accelerator().name());
+  }
   std::vector<double> losses;
   for (int s = 0; s < kSteps; ++s) {
     const StepReport r = engine.train_batch([&](int) {
@@ -182,8 +195,10 @@ TEST(EngineMultirankRank, DISABLED_Train) {
   o.launch = zero::detect_launch_env();
   o.comm.backend = "gloo";
   o.zero.comm_timeout = std::chrono::milliseconds(30'000);
-  const std::vector<double> losses =
-      train_engine(o, o.zero.precision == zero::Precision::kBFloat16 ? at::kBFloat16 : at::kFloat);
+  std::string accelerator;
+  const std::vector<double> losses = train_engine(
+      o, o.zero.precision == zero::Precision::kBFloat16 ? at::kBFloat16 : at::kFloat, &accelerator);
+  std::cout << "ACCELERATOR " << accelerator << std::endl;
   std::string line = "LOSSES";
   for (double v : losses) {
     char text[40];
@@ -195,26 +210,31 @@ TEST(EngineMultirankRank, DISABLED_Train) {
 
 // ---- launching side ------------------------------------------------------------------------
 
-TEST(EngineMultirank, TwoRanksMatchPlainLibTorchAtEveryStage) {
-  if (::zinf::testing::is_child_rank()) {
-    GTEST_SKIP() << "launching test inside a rank";
-  }
-  const std::vector<double> want = train_reference();
+// Launches `world` ranks per case, each taking global / world samples of every global batch,
+// and compares every rank's losses with plain LibTorch on the whole global batch. The ranks
+// run on the accelerator the tests run on (tests/common/test_accelerator.h) and say so.
+void expect_ranks_match_reference(int world, int64_t global,
+                                  const std::vector<std::string>& cases) {
+  const std::vector<double> want = train_reference(global);
   ASSERT_LT(want.back(), want.front());
-  for (const std::string& name : case_names()) {
+  for (const std::string& name : cases) {
     SCOPED_TRACE(name);
     ::zinf::testing::TempDir nvme;
     ::zinf::testing::RanksOptions o;
-    o.world_size = kWorld;
+    o.world_size = world;
     o.test = "EngineMultirankRank.DISABLED_Train";
-    o.deadline = std::chrono::seconds(60);
+    o.deadline = std::chrono::seconds(90);
     o.env = {{"ZINF_TEST_CASE", name},
              {"ZINF_TEST_NVME_DIR", nvme.path()},
+             {"ZINF_TEST_GLOBAL_BATCH", std::to_string(global)},
              {"OMP_NUM_THREADS", "1"}};  // the ranks share the machine's cores
     const std::vector<::zinf::testing::RankResult> results = ::zinf::testing::run_ranks(o);
-    ASSERT_EQ(results.size(), static_cast<size_t>(kWorld));
+    ASSERT_EQ(results.size(), static_cast<size_t>(world));
     for (const ::zinf::testing::RankResult& r : results) {
       ASSERT_TRUE(::zinf::testing::rank_passed(r));
+      EXPECT_NE(r.output.find("ACCELERATOR " + ::zinf::testing::test_accelerator() + "\n"),
+                std::string::npos)
+          << ::zinf::testing::describe(r);
       const std::vector<double> got = parse_losses(r.output);
       ASSERT_EQ(got.size(), want.size()) << ::zinf::testing::describe(r);
       // bf16 against the fp32 reference: kBf16Tolerance (see there).
@@ -224,12 +244,28 @@ TEST(EngineMultirank, TwoRanksMatchPlainLibTorchAtEveryStage) {
             << "rank " << r.rank << ", step " << i + 1;
       }
       if (r.rank == 0) {
-        std::cout << "PARITY " << name << ": 2 ranks vs plain LibTorch, max relative loss "
-                  << "difference over " << kSteps << " steps " << max_relative_difference(got, want)
-                  << "\n";
+        std::cout << "PARITY " << name << ": " << world << " ranks on "
+                  << ::zinf::testing::test_accelerator()
+                  << " vs plain LibTorch, max relative loss difference over " << kSteps << " steps "
+                  << max_relative_difference(got, want) << "\n";
       }
     }
   }
+}
+
+TEST(EngineMultirank, TwoRanksMatchPlainLibTorchAtEveryStage) {
+  if (::zinf::testing::is_child_rank()) {
+    GTEST_SKIP() << "launching test inside a rank";
+  }
+  expect_ranks_match_reference(kWorld, kGlobalBatch, case_names());
+}
+
+// 3 ranks (slices padded: no parameter divides by 3) at stage 1, stage 3 and stage 3 on NVMe.
+TEST(EngineMultirank, ThreeRanksMatchPlainLibTorch) {
+  if (::zinf::testing::is_child_rank()) {
+    GTEST_SKIP() << "launching test inside a rank";
+  }
+  expect_ranks_match_reference(3, 6, {"stage1", "stage3", "stage3_nvme"});
 }
 
 // Trains `o` in fp32 and in `precision` (parameters allocated in `dtype`): the low-precision

@@ -16,6 +16,7 @@
 #include "aio/pinned_budget.h"
 #include "engine/model/llama.h"
 #include "tests/common/temp_dir.h"
+#include "tests/common/test_accelerator.h"
 #include "tests/engine/tiny_llama.h"
 
 namespace zinf::engine {
@@ -63,6 +64,7 @@ EngineOptions options_for(int stage, int accumulation, int64_t micro, double lr)
   o.tokens_per_sample = kSeq;
   o.steps_per_print = 0;
   o.memory_budget = 1ull << 30;
+  o.accelerator = ::zinf::testing::test_accelerator();
   return o;
 }
 

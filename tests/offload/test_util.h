@@ -71,6 +71,11 @@ class RefusingAccelerator final : public Accelerator {
   std::unique_ptr<Event> create_event() override { throw unused(); }
   void copy_to_device(void*, const void*, size_t, Stream&) override { throw unused(); }
   void copy_to_host(void*, const void*, size_t, Stream&) override { throw unused(); }
+  void copy_on_device(void*, const void*, size_t, Stream&) override { throw unused(); }
+  void fill_zero(void*, size_t, Stream&) override { throw unused(); }
+  ComputeView compute_view(void*, size_t) override { throw unused(); }
+  ComputeView compute_device() const noexcept override { return {}; }
+  bool host_reads_device_memory() const noexcept override { return false; }
   void launch_host_func(Stream&, std::function<void()>) override { throw unused(); }
   void record_event(Event&, Stream&) override { throw unused(); }
   void wait_event(Stream&, Event&) override { throw unused(); }
@@ -88,7 +93,9 @@ class RefusingAccelerator final : public Accelerator {
   uint64_t calls() const noexcept { return calls_; }
 
  protected:
-  void* device_malloc(size_t /*bytes*/) override { throw std::bad_alloc(); }
+  void* device_malloc(size_t /*bytes*/, std::string_view /*what*/) override {
+    throw std::bad_alloc();
+  }
   void device_free(void* /*ptr*/, size_t /*bytes*/) noexcept override {}
 
  private:

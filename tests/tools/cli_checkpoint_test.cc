@@ -17,6 +17,7 @@ namespace zinf::tools {
 namespace {
 
 namespace fs = std::filesystem;
+using zinf::testing::loss_lines;
 using zinf::testing::run_zinf;
 using zinf::testing::TempDir;
 using zinf::testing::ZinfRun;
@@ -37,17 +38,6 @@ constexpr const char* kConfig = R"({
   },
   "steps_per_print": 1
 })";
-
-// step -> the loss text of its "step N | loss X" line.
-std::map<int, std::string> loss_lines(const std::string& text) {
-  std::map<int, std::string> out;
-  static const std::regex line(R"(step (\d+) \| loss ([0-9.]+))");
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), line); it != std::sregex_iterator();
-       ++it) {
-    out[std::stoi((*it)[1])] = (*it)[2];
-  }
-  return out;
-}
 
 ZinfRun train(const std::string& config, const std::string& swap, int steps,
               std::vector<std::string> extra) {

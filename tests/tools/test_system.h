@@ -23,6 +23,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <regex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -219,5 +221,16 @@ class LoopDevice {
   std::string device_;
   std::string why_not_;
 };
+
+// `zinf train`'s output: step -> the loss text of its "step N | loss X" line.
+inline std::map<int, std::string> loss_lines(const std::string& text) {
+  std::map<int, std::string> out;
+  static const std::regex line(R"(step (\d+) \| loss ([0-9.]+))");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), line); it != std::sregex_iterator();
+       ++it) {
+    out[std::stoi((*it)[1])] = (*it)[2];
+  }
+  return out;
+}
 
 }  // namespace zinf::testing
