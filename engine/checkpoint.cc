@@ -1122,8 +1122,9 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
     PickleValue* frozen_fragments = b.dict(true);
     bool any_frozen = false;
     for (const auto& p : params) {
-      PickleValue* t =
-          stage == 3 ? b.tensor(at::empty({0}, at::TensorOptions().dtype(dtype))) : b.tensor(p.var);
+      PickleValue* t = stage == 3
+                           ? b.tensor(at::empty({0}, at::TensorOptions().dtype(dtype)))
+                           : b.tensor(p.var.detach().to(at::kCPU));  // a device's values: copied
       b.put(module, p.name, t);
       for (const std::string& alias : p.aliases) {
         b.put(module, alias, t);
@@ -1141,14 +1142,14 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
           if (n > 0) frag.narrow(0, 0, n).copy_(flat.narrow(0, begin, n));
           flat = frag;
         } else {
-          flat = p.var;
+          flat = p.var.detach().to(at::kCPU);
         }
         b.put(frozen_fragments, p.name, b.tensor(flat));
       }
     }
     PickleValue* buffer_names = b.list();
     for (const auto& item : module_->named_buffers()) {
-      b.put(module, item.key(), b.tensor(item.value()));
+      b.put(module, item.key(), b.tensor(item.value().to(at::kCPU)));
       b.doc().append(buffer_names, b.str(item.key()));
     }
     b.put(root_dict, "module", module);
@@ -1262,12 +1263,13 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
       PickleValue* sd = b.dict(true);
       for (size_t i = 0; i < params.size(); ++i) {
         const auto& p = params[i];
-        PickleValue* t = b.tensor(stage == 3 && p.trainable ? master[i].to(dtype) : p.var);
+        PickleValue* t =
+            b.tensor(stage == 3 && p.trainable ? master[i].to(dtype) : p.var.detach().to(at::kCPU));
         b.put(sd, p.name, t);
         for (const std::string& alias : p.aliases) b.put(sd, alias, t);
       }
       for (const auto& item : module_->named_buffers())
-        b.put(sd, item.key(), b.tensor(item.value()));
+        b.put(sd, item.key(), b.tensor(item.value().to(at::kCPU)));
       ser::TorchArchiveWriter writer((staging / name).string());
       b.write_head(writer, sd);
       writer.finish();
