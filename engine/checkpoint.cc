@@ -1205,6 +1205,11 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
       std::lock_guard<std::mutex> lock(generator.mutex());
       b.put(z, "rng_state", b.tensor(generator.get_state()));
     }
+    if (!device_.is_cpu()) {  // the device's generator too (a GPU's)
+      at::Generator generator = at::globalContext().defaultGenerator(device_);
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      b.put(z, "device_rng_state", b.tensor(generator.get_state().to(at::kCPU)));
+    }
     b.put(root_dict, "zinf", z);
     for (const auto& [key, value] : client_state) {
       std::visit(
@@ -1531,6 +1536,17 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
                                      at::TensorOptions().dtype(at::kByte))
                            .clone();
     at::Generator generator = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  }
+  if (const ser::PickleValue* device_rng = z->find("device_rng_state");
+      device_rng != nullptr && !device_.is_cpu()) {
+    const ser::TensorRef& ref = device_rng->tensor();
+    const auto bytes = model_archive.tensor_bytes(ref);
+    at::Tensor state = at::from_blob(const_cast<uint8_t*>(bytes.data()), {ref.numel()},
+                                     at::TensorOptions().dtype(at::kByte))
+                           .clone();
+    at::Generator generator = at::globalContext().defaultGenerator(device_);
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(state);
   }

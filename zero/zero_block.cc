@@ -1,6 +1,7 @@
 #include "zero/zero_block.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -16,16 +17,37 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-at::Tensor rng_state() {
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
+// The random state the block's forward draws from: the CPU generator's, and the device's when
+// the block computes on one (a GPU's dropout draws there), so the recompute repeats it.
+struct RngState {
+  at::Tensor cpu;
+  at::Tensor device;  // undefined on the CPU
+};
+
+at::Tensor generator_state(at::Generator generator) {
   std::lock_guard<std::mutex> lock(generator.mutex());
   return generator.get_state();
 }
 
-void set_rng_state(const at::Tensor& state) {
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
+void set_generator_state(at::Generator generator, const at::Tensor& state) {
   std::lock_guard<std::mutex> lock(generator.mutex());
   generator.set_state(state);
+}
+
+RngState rng_state(const c10::Device& device) {
+  RngState s;
+  s.cpu = generator_state(at::detail::getDefaultCPUGenerator());
+  if (!device.is_cpu()) {
+    s.device = generator_state(at::globalContext().defaultGenerator(device));
+  }
+  return s;
+}
+
+void set_rng_state(const RngState& s, const c10::Device& device) {
+  set_generator_state(at::detail::getDefaultCPUGenerator(), s.cpu);
+  if (s.device.defined()) {
+    set_generator_state(at::globalContext().defaultGenerator(device), s.device);
+  }
 }
 
 // The block's forward without a graph, and its recomputation in backward. `trigger` is a
@@ -40,7 +62,11 @@ struct BlockFunction : public torch::autograd::Function<BlockFunction> {
     auto* block = reinterpret_cast<ZeroBlockImpl*>(block_address);
     ZeroModel& model = *block->model();
     ctx->saved_data["block"] = block_address;
-    ctx->saved_data["rng"] = rng_state();
+    const RngState rng = rng_state(x.device());
+    ctx->saved_data["rng"] = rng.cpu;
+    if (rng.device.defined()) {
+      ctx->saved_data["rng_device"] = rng.device;
+    }
     model.enter_block(block->id());
     torch::Tensor out;
     try {
@@ -68,17 +94,23 @@ struct BlockFunction : public torch::autograd::Function<BlockFunction> {
       variable_list grads;
       {
         torch::AutoGradMode enable(true);
-        const at::Tensor current = rng_state();
-        set_rng_state(ctx->saved_data["rng"].toTensor());
+        const c10::Device device = x.device();
+        const RngState current = rng_state(device);
+        RngState saved;
+        saved.cpu = ctx->saved_data["rng"].toTensor();
+        if (auto it = ctx->saved_data.find("rng_device"); it != ctx->saved_data.end()) {
+          saved.device = it->second.toTensor();
+        }
+        set_rng_state(saved, device);
         torch::Tensor input = x.detach().requires_grad_(x_needs_grad);
         torch::Tensor out;
         try {
           out = block->run_module(input);
         } catch (...) {
-          set_rng_state(current);
+          set_rng_state(current, device);
           throw;
         }
-        set_rng_state(current);
+        set_rng_state(current, device);
         variable_list inputs;
         if (x_needs_grad) {
           inputs.push_back(input);
