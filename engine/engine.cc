@@ -137,6 +137,12 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, EngineOptions options,
     at::set_num_threads(options_.threads);
   }
   options_.comm.timeout = options_.zero.comm_timeout;
+  // On CUDA the gradients and gathered parameters are device memory: NCCL reduces them
+  // ("auto"); Gloo stays for CPU ranks.
+  if (options_.accelerator == "cuda" && options_.comm.backend == "auto" &&
+      options_.launch.world_size > 1) {
+    options_.comm.backend = "nccl";
+  }
   comm_ = zero::make_communicator(options_.launch, options_.comm);
 
   if (options_.accelerator == "cpu") {
