@@ -234,8 +234,15 @@ endif()")
   endif()
 endforeach()
 if(_zinf_find_torch)
-  # LibTorch's own package (TorchConfig.cmake) defines torch, torch_library and c10.
-  list(APPEND _zinf_dependency_lines "find_dependency(Torch)")
+  # LibTorch's own package (TorchConfig.cmake) defines torch, torch_library and c10. It is found
+  # as zinf's build found it (cmake/zinf_find_torch.cmake, installed beside zinfConfig.cmake),
+  # by default the same LibTorch, whose libraries zinf::torch names by their paths.
+  list(APPEND _zinf_dependency_lines
+       "include(\"\${CMAKE_CURRENT_LIST_DIR}/zinf_find_torch.cmake\")"
+       "if(NOT Torch_DIR)\n  set(Torch_DIR \"${Torch_DIR}\")\nendif()"
+       "zinf_find_torch()")
+  install(FILES "${CMAKE_CURRENT_LIST_DIR}/zinf_find_torch.cmake"
+          DESTINATION ${ZINF_INSTALL_CMAKEDIR})
 endif()
 list(REMOVE_DUPLICATES _zinf_dependency_lines)
 list(JOIN _zinf_dependency_lines "\n" ZINF_CONFIG_DEPENDENCIES)
