@@ -179,6 +179,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, EngineOptions options,
   in.world_size = comm_->world_size();
   in.optimizer_states = optimizer_states(options_.optimizer.type);
   in.activation_bytes = options_.activation_bytes;
+  in.host_reads_device_memory = accelerator_->host_reads_device_memory();
   plan_ = plan_memory(in);
   PlanLimits limits;
   limits.device_budget = accelerator_->memory_stats().budget_bytes;

@@ -47,7 +47,7 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   const uint64_t wl = stage0 ? 1 : world;        // the layout's world size
   const size_t kinds = 2 + in.optimizer_states;  // params, grads, states
 
-  uint64_t largest_padded = 0, total_padded = 0, largest_numel = 0;
+  uint64_t largest_padded = 0, total_padded = 0, largest_numel = 0, largest_trainable = 0;
   uint64_t managed_persistent = 0, managed_other = 0, persistent_budget = 0;
   uint64_t largest_other = 0, count_other = 0;  // managed non-persistent parameters
   uint64_t cpu_left = z.param_max_in_cpu;       // ParamSwapper's max_in_cpu, in add() order
@@ -57,6 +57,7 @@ MemoryPlan plan_memory(const PlanInputs& in) {
       plan.device_resident += p.numel * elem;
       continue;
     }
+    largest_trainable = std::max(largest_trainable, p.numel);
     plan.model_numel += p.numel;
     const uint64_t slice = (p.numel + wl - 1) / wl;
     plan.partition_numel += slice;
@@ -143,6 +144,11 @@ MemoryPlan plan_memory(const PlanInputs& in) {
     if (!stage0 && z.reduce_scatter) {
       plan.device_buckets += slots * (cap / world) * ce;
     }
+    if (!in.host_reads_device_memory) {  // the bucket at stage 0, this rank's region otherwise
+      plan.pinned += round_page((stage0 ? cap : cap / world) * ce);
+    }
+  } else if (!in.host_reads_device_memory) {
+    plan.pinned += round_page(largest_trainable * sizeof(float));  // a whole gradient
   }
 
   // The optimizer's partition (zero/partitioned_optimizer.h, offload/optimizer_swapper.h).

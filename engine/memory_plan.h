@@ -31,6 +31,9 @@ struct PlanInputs {
   int world_size = 1;
   size_t optimizer_states = 2;    // arrays besides params and grads (Adam: m, v; Adagrad/Lion: 1)
   uint64_t activation_bytes = 0;  // the model's estimate for one micro-batch (0: unknown)
+  // False on CUDA and on the strict device: the gradient reducer then copies what host code
+  // reads into a pinned staging buffer (zero/grad_reducer.h), which the plan counts.
+  bool host_reads_device_memory = true;
 };
 
 struct MemoryPlan {

@@ -83,6 +83,8 @@ class GradReducer {
   [[nodiscard]] DType comm_dtype() const noexcept { return comm_dtype_; }
   // Device bytes held by the buckets.
   [[nodiscard]] uint64_t bucket_bytes() const noexcept;
+  // Pinned host bytes of the staging buffer (none where host code reads device memory).
+  [[nodiscard]] uint64_t pinned_bytes() const noexcept { return staging_.capacity(); }
 
  private:
   struct InFlight {

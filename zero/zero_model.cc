@@ -623,6 +623,7 @@ ZeroModelStats ZeroModel::stats() const {
   }
   s.optimizer_swap = optimizer_->swapper().counters();
   s.pinned_bytes += optimizer_->pinned_bytes();
+  s.pinned_bytes += reducer_->pinned_bytes();
   if (config_.offload_optimizer != OffloadTarget::kNvme) {
     s.host_bytes += layout_->partition_numel() * 4 * optimizer_->swapper().states_per_param();
   }

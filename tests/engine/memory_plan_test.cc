@@ -17,6 +17,7 @@
 #include "engine/model/llama.h"
 #include "tests/common/multi_process.h"
 #include "tests/common/temp_dir.h"
+#include "tests/common/test_accelerator.h"
 #include "zero/comm/launch_env.h"
 
 namespace zinf::engine {
@@ -45,6 +46,7 @@ TEST(MemoryPlan, MatchesWhatTheRunAllocates) {
     o.zero.aio.backend = aio::BackendKind::kPsync;
     o.steps_per_print = 0;
     o.memory_budget = 1ull << 30;
+    o.accelerator = ::zinf::testing::test_accelerator();
     LlamaConfig c = *named_llama("tiny", 64);
     auto model = std::make_shared<LlamaModelImpl>(c);
     Engine engine(model, o,
@@ -136,6 +138,7 @@ void expect_peaks_within_plan(int only) {
     o.micro_batch_size = 2;
     o.steps_per_print = 0;
     o.memory_budget = 1ull << 30;
+    o.accelerator = ::zinf::testing::test_accelerator();
     o.launch = zero::detect_launch_env();
     auto model = std::make_shared<LlamaModelImpl>(c);
     Engine engine(model, o,
