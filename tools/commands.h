@@ -12,6 +12,8 @@ void add_io_command(CLI::App& app, int& exit_code);
 // `zinf nvme-tune`: DeepSpeed ds_nvme_tune's equivalent.
 void add_nvme_tune_command(CLI::App& app, int& exit_code);
 // Text printed by `zinf --version`: version, build, aio backends, SIMD level, CUDA devices.
-std::string version_text();
+// `cuda_compute_unavailable` says why `zinf train` cannot compute on CUDA here (empty: it
+// can); the caller asks the engine, which this LibTorch-free library does not link.
+std::string version_text(const std::string& cuda_compute_unavailable);
 
 }  // namespace zinf::tools

@@ -7,6 +7,7 @@
 #include "tools/commands.h"
 #include "tools/zero_to_fp32.h"
 #ifdef ZINF_WITH_TORCH
+#include "engine/cuda_compute.h"
 #include "tools/train_commands.h"
 #endif
 
@@ -30,7 +31,12 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   if (version) {
-    fmt::print("{}", zinf::tools::version_text());
+#ifdef ZINF_WITH_TORCH
+    const std::string no_cuda_compute = zinf::engine::cuda_compute_unavailable_reason();
+#else
+    const std::string no_cuda_compute = "zinf was built without LibTorch (ZINF_WITH_TORCH=OFF)";
+#endif
+    fmt::print("{}", zinf::tools::version_text(no_cuda_compute));
     return 0;
   }
   if (app.get_subcommands().empty()) {

@@ -5,7 +5,6 @@
 #include <string>
 
 #include "aio/handle.h"
-#include "engine/cuda_compute.h"
 #include "optimizer_cpu/simd_level.h"
 #include "tools/commands.h"
 
@@ -50,7 +49,7 @@ std::string cuda_status() {
 
 }  // namespace
 
-std::string version_text() {
+std::string version_text(const std::string& cuda_compute_unavailable) {
   std::string text = fmt::format("zinf {}\n", ZINF_VERSION);
   for (auto kind :
        {aio::BackendKind::kIoUring, aio::BackendKind::kLibaio, aio::BackendKind::kPsync}) {
@@ -63,9 +62,9 @@ std::string version_text() {
   text += fmt::format("optimizer SIMD: {} (available: {})\n", optimizer_cpu::active_simd_level(),
                       levels);
   text += fmt::format("cuda: {}\n", cuda_status());
-  const std::string why = engine::cuda_compute_unavailable_reason();
-  text += fmt::format("cuda compute: {}\n",
-                      why.empty() ? "yes (zinf train computes on the GPU)" : "no: " + why);
+  text += fmt::format("cuda compute: {}\n", cuda_compute_unavailable.empty()
+                                                ? "yes (zinf train computes on the GPU)"
+                                                : "no: " + cuda_compute_unavailable);
   return text;
 }
 
