@@ -3,10 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
-#include <gloo/common/error.h>
-#include <gloo/context.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/transport/unbound_buffer.h>
+#include <torch/csrc/api/include/torch/version.h>
 
 #include <algorithm>
 #include <atomic>
@@ -60,6 +57,12 @@ at::Tensor host_tensor(const void* data, size_t count, DType dtype) {
   // c10d only reads an input tensor; the const_cast is for from_blob's signature.
   return at::from_blob(const_cast<void*>(data), {static_cast<int64_t>(count)},
                        at::TensorOptions().dtype(scalar_type(dtype)).device(at::kCPU));
+}
+
+// `bytes` bytes at `data` as a uint8 tensor (what the ring's point-to-point steps move).
+at::Tensor byte_tensor(const void* data, size_t bytes) {
+  return at::from_blob(const_cast<void*>(data), {static_cast<int64_t>(bytes)},
+                       at::TensorOptions().dtype(at::kByte).device(at::kCPU));
 }
 
 // out[i] = a[i] op b[i]; `out` may alias `a` or `b` (element by element).
@@ -142,6 +145,18 @@ Chunks split_chunks(size_t total, int world) {
 
 int ring_index(int64_t i, int world) { return static_cast<int>(((i % world) + world) % world); }
 
+// Which Gloo this code may look into. Debian's LibTorch 1.13 runs on Debian's libgloo, whose
+// headers are the ones compiled here. A pip torch 2.x carries a Gloo of its own inside
+// libtorch_cpu.so, of another version: its gloo::Context has no virtual destructor, so every
+// member sits 8 bytes from where Debian's headers put it. Against torch 2.x this file touches
+// no Gloo object directly (no member access, no inline Gloo code): every byte moves through
+// c10d's virtual interface, which torch's own code implements, and the ring below runs on
+// c10d's point-to-point calls rather than on a Gloo context of its own.
+#if TORCH_VERSION_MAJOR >= 2
+// torch 2.x's Gloo collectives and point-to-point waits take the per-call timeout, so the
+// group is used as c10d made it, through its base class.
+using GlooGroup = c10d::Backend;
+#else
 // ProcessGroupGloo whose Gloo contexts' timeout can be set once it is connected. Its
 // constructor gives the contexts the time the rendezvous has left, and LibTorch 1.13's
 // collectives wait on the context's timeout (they ignore the per-call options.timeout), so
@@ -158,6 +173,7 @@ class GlooGroup final : public c10d::ProcessGroupGloo {
     }
   }
 };
+#endif
 
 // One issued collective: what the worker runs and how the caller learns the outcome.
 struct Task {
@@ -247,13 +263,16 @@ class GlooCommunicator::Impl {
                            ReduceOp op, Clock::time_point deadline, uint64_t seq);
   void ring_all_gather(const void* send, void* recv, const Chunks& chunks, DType dtype,
                        Clock::time_point deadline, uint64_t seq);
+  // One ring step: receive `recv_bytes` from the left neighbour into `recv` while sending
+  // `send_bytes` from `send` to the right one (either may be empty), and wait for both.
+  void ring_step(void* recv, size_t recv_bytes, const void* send, size_t send_bytes,
+                 Clock::time_point deadline, uint64_t seq);
 
   LaunchEnv env_;
   std::string prefix_;                               // "zinf/comm<n>/"
   c10::intrusive_ptr<c10d::Store> store_;            // worker thread only (after construction)
   c10::intrusive_ptr<c10d::Store> heartbeat_store_;  // heartbeat thread only
   c10::intrusive_ptr<GlooGroup> group_;
-  std::shared_ptr<gloo::rendezvous::Context> ring_;
 
   std::atomic<uint64_t> started_{0};  // collectives the worker has started
 
@@ -369,16 +388,13 @@ void GlooCommunicator::Impl::connect(const LaunchEnv& env, const CommOptions& op
     auto group_options = c10d::ProcessGroupGloo::Options::create(time_left(deadline));
     group_options->devices.push_back(device);
     group_options->threads = 1;  // the worker issues one collective at a time
-    group_ = c10::make_intrusive<GlooGroup>(
-        c10::make_intrusive<c10d::PrefixStore>(prefix_ + "c10d", store_), rank_, world_,
-        group_options);
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix_ + "c10d", store_);
+#if TORCH_VERSION_MAJOR >= 2
+    group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank_, world_, group_options);
+#else
+    group_ = c10::make_intrusive<GlooGroup>(prefixed, rank_, world_, group_options);
     group_->set_timeout(timeout_);
-    ring_ = std::make_shared<gloo::rendezvous::Context>(rank_, world_);
-    ring_->setTimeout(time_left(deadline));
-    c10d::ProcessGroupGloo::GlooStore ring_store(
-        c10::make_intrusive<c10d::PrefixStore>(prefix_ + "ring", store_));
-    ring_->connectFullMesh(ring_store, device);
-    ring_->setTimeout(timeout_);
+#endif
   } catch (const std::exception& e) {
     throw CommError("rendezvous", rank_,
                     "connecting the Gloo groups failed after " + std::to_string(ms_since(start)) +
@@ -723,8 +739,6 @@ void GlooCommunicator::Impl::ring_reduce_scatter(const void* src, void* dst, con
   // this rank's contribution. After W-1 steps chunk r holds every rank's contribution.
   const size_t element = dtype_size(dtype);
   const char* source = static_cast<const char*>(src);
-  const int right = (rank_ + 1) % world_;
-  const int left = (rank_ + world_ - 1) % world_;
   std::vector<char> stage[2];
   stage[0].resize(chunks.max_length * element);
   stage[1].resize(chunks.max_length * element);
@@ -737,22 +751,7 @@ void GlooCommunicator::Impl::ring_reduce_scatter(const void* src, void* dst, con
                                ? source + chunks.offset[static_cast<size_t>(send_chunk)] * element
                                : stage[(s + 1) % 2].data();
     void* recv_ptr = stage[s % 2].data();
-    std::unique_ptr<gloo::transport::UnboundBuffer> in;
-    std::unique_ptr<gloo::transport::UnboundBuffer> out;
-    if (recv_bytes > 0) {
-      in = ring_->createUnboundBuffer(recv_ptr, recv_bytes);
-      in->recv(left, seq);
-    }
-    if (send_bytes > 0) {
-      out = ring_->createUnboundBuffer(const_cast<void*>(send_ptr), send_bytes);
-      out->send(right, seq);
-    }
-    if (in) {
-      in->waitRecv(time_left(deadline));
-    }
-    if (out) {
-      out->waitSend(time_left(deadline));
-    }
+    ring_step(recv_ptr, recv_bytes, send_ptr, send_bytes, deadline, seq);
     const size_t n = chunks.length[static_cast<size_t>(recv_chunk)];
     const void* own = source + chunks.offset[static_cast<size_t>(recv_chunk)] * element;
     void* result = s + 2 == world_ ? dst : recv_ptr;
@@ -775,31 +774,44 @@ void GlooCommunicator::Impl::ring_all_gather(const void* send, void* recv, const
   if (send != nullptr && send != own) {
     std::memcpy(own, send, chunks.length[static_cast<size_t>(rank_)] * element);
   }
-  const int right = (rank_ + 1) % world_;
-  const int left = (rank_ + world_ - 1) % world_;
   for (int s = 0; s + 1 < world_; ++s) {
     const int send_chunk = ring_index(rank_ - s, world_);
     const int recv_chunk = ring_index(rank_ - s - 1, world_);
     const size_t send_bytes = chunks.length[static_cast<size_t>(send_chunk)] * element;
     const size_t recv_bytes = chunks.length[static_cast<size_t>(recv_chunk)] * element;
-    std::unique_ptr<gloo::transport::UnboundBuffer> in;
-    std::unique_ptr<gloo::transport::UnboundBuffer> out;
-    if (recv_bytes > 0) {
-      in = ring_->createUnboundBuffer(
-          base + chunks.offset[static_cast<size_t>(recv_chunk)] * element, recv_bytes);
-      in->recv(left, seq);
-    }
-    if (send_bytes > 0) {
-      out = ring_->createUnboundBuffer(
-          base + chunks.offset[static_cast<size_t>(send_chunk)] * element, send_bytes);
-      out->send(right, seq);
-    }
-    if (in) {
-      in->waitRecv(time_left(deadline));
-    }
-    if (out) {
-      out->waitSend(time_left(deadline));
-    }
+    ring_step(base + chunks.offset[static_cast<size_t>(recv_chunk)] * element, recv_bytes,
+              base + chunks.offset[static_cast<size_t>(send_chunk)] * element, send_bytes, deadline,
+              seq);
+  }
+}
+
+void GlooCommunicator::Impl::ring_step(void* recv, size_t recv_bytes, const void* send,
+                                       size_t send_bytes, Clock::time_point deadline,
+                                       uint64_t seq) {
+  // c10d's point-to-point calls post an unbound buffer on the group's Gloo context, slot =
+  // the tag (c10d's own collectives use slots with a prefix in the high byte, so the two never
+  // meet). Ranks issue collectives in the same order, so the sequence number is the same
+  // on both sides of every step.
+  const int tag = static_cast<int>(seq & 0x7fffffffU);
+  const int right = (rank_ + 1) % world_;
+  const int left = (rank_ + world_ - 1) % world_;
+  c10::intrusive_ptr<c10d::Work> in;
+  c10::intrusive_ptr<c10d::Work> out;
+  std::vector<at::Tensor> in_tensors;
+  std::vector<at::Tensor> out_tensors;
+  if (recv_bytes > 0) {
+    in_tensors.push_back(byte_tensor(recv, recv_bytes));
+    in = group_->recv(in_tensors, left, tag);
+  }
+  if (send_bytes > 0) {
+    out_tensors.push_back(byte_tensor(send, send_bytes));
+    out = group_->send(out_tensors, right, tag);
+  }
+  if (in) {
+    wait_c10d(in, deadline);
+  }
+  if (out) {
+    wait_c10d(out, deadline);
   }
 }
 

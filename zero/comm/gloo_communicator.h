@@ -1,6 +1,6 @@
 // GlooCommunicator: the Communicator of several processes on host memory, through LibTorch's
-// c10d::ProcessGroupGloo plus a second Gloo context of our own for the collectives this
-// Gloo lacks. Buffers are the caller's host memory (also the CPU accelerator's device
+// c10d::ProcessGroupGloo, plus ring collectives of our own on its point-to-point send and
+// recv for what this Gloo lacks or does slowly. Buffers are the caller's host memory (also the CPU accelerator's device
 // memory); c10d sees them as at::from_blob tensors, never as copies.
 //
 // Rendezvous: a c10d::TCPStore at env.master_addr:env.master_port. Rank 0 serves it, unless
@@ -18,11 +18,11 @@
 //   broadcast, barrier     c10d broadcast / barrier.
 //   all_gather             options.gloo_all_gather: kC10d is c10d allgather into W narrow()
 //                          views of `recv` (c10d stages one flat copy of the result); kRing is a
-//                          ring on our Gloo context that sends and receives straight into
+//                          ring on c10d send/recv that moves bytes straight into
 //                          `recv` (W-1 steps, nothing staged). kAuto = kRing (figures below).
 //                          c10d's Gloo moves no bf16: bf16 goes through c10d as fp16 bits.
-//   reduce_scatter         options.gloo_reduce_scatter: kRing is a ring reduce-scatter on our
-//                          Gloo context, (W-1)/W of the data sent per rank, two chunk-sized
+//   reduce_scatter         options.gloo_reduce_scatter: kRing is a ring reduce-scatter on
+//                          c10d send/recv, (W-1)/W of the data sent per rank, two chunk-sized
 //                          staging buffers; kAllReduce copies `send`, c10d-all_reduces the copy
 //                          and keeps this rank's slice (twice the traffic, W*count staged).
 //                          kAuto = kRing for both, from the figures below.
