@@ -24,6 +24,7 @@
 #include "engine/memory_plan.h"
 #include "engine/model/hf_checkpoint.h"
 #include "engine/model/llama.h"
+#include "offload/cuda_accelerator.h"
 #include "offload/error.h"
 #include "tools/byte_size.h"
 #include "tools/interrupt.h"
@@ -35,6 +36,15 @@
 
 namespace zinf::tools {
 namespace {
+
+// Allocations the device's runtime has made so far: on CUDA the cudaMalloc calls (allocate()
+// reuses a freed buffer of the same size without one); elsewhere every allocate().
+uint64_t runtime_allocations(offload::Accelerator& accelerator) {
+  if (const auto* cuda = dynamic_cast<const offload::CudaAccelerator*>(&accelerator)) {
+    return cuda->runtime_allocations();
+  }
+  return accelerator.memory_stats().allocations;
+}
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -574,6 +584,7 @@ int run_train(const TrainArgs& args) {
     int sig = 0;
     std::optional<int64_t> abandoned;  // the step the second signal abandoned
     SignalWatcher watcher(progress, args.save, launch.launcher != "none");
+    uint64_t allocations_after_first = 0;  // the device runtime's, after step 1
     while (step < steps && (sig = agreed_signal(eng)) == 0) {
       // A save follows this step: the step writes the optimizer states into it as it updates
       // them (stage 3 with the optimizer on NVMe; elsewhere this does nothing).
@@ -612,6 +623,7 @@ int run_train(const TrainArgs& args) {
       }
       const engine::StepReport& r = eng.report();
       ++step;
+      if (step == 1) allocations_after_first = runtime_allocations(eng.accelerator());
       curve.emplace_back(static_cast<double>(step), r.loss);
       losses.push_back(r.loss);
       tokens_per_s.push_back(r.tokens_per_second);
@@ -657,6 +669,23 @@ int run_train(const TrainArgs& args) {
           tps > 0 ? static_cast<double>(tokens_per_step) / tps : 0.0, tokens_per_step,
           launch.world_size, threads);
       fmt::print("memory      planned and measured peak per tier (rank 0):\n{}", mem.table());
+      // Once the first step has made the buffers, later steps reuse them: a device that
+      // allocates every step (cudaMalloc synchronizes the GPU) shows here.
+      const uint64_t allocations = runtime_allocations(eng.accelerator());
+      fmt::print(
+          "allocations {} by the {} device's runtime in step 1, {} in the {} step(s) after it{}\n",
+          allocations_after_first, options.accelerator, allocations - allocations_after_first,
+          step - 1,
+          step > 1 ? fmt::format(" ({:.1f} per step)",
+                                 static_cast<double>(allocations - allocations_after_first) /
+                                     static_cast<double>(step - 1))
+                   : std::string());
+      const zero::ZeroModelStats zs = eng.zero_model().stats();
+      fmt::print(
+          "blocked     over {} steps (rank 0): param fetch {:.2f} s (prefetch misses {:.2f} s), "
+          "gradient reduction {:.2f} s, optimizer I/O {:.2f} s, param swap I/O {:.2f} s\n",
+          step, zs.params.wait_seconds, zs.coordinator.block_wait_seconds, zs.reducer.wait_seconds,
+          zs.optimizer_swap.io_wait_seconds, zs.param_swap.io_wait_seconds);
       fmt::print(
           "loss        {:.4f} -> {:.4f} (mean of the first and last {} steps); unigram "
           "entropy {:.4f}: {}\n",

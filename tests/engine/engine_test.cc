@@ -77,7 +77,9 @@ std::vector<double> train_engine(const EngineOptions& options, int steps) {
   for (int s = 0; s < steps; ++s) {
     const StepReport r = engine.train_batch([&](int) {
       auto [x, y] = batch(index++, options.micro_batch_size);
-      return model->loss(x, y);
+      // Onto the engine's device (a no-op on the CPU and strict devices; CUDA under
+      // ZINF_TEST_ACCELERATOR=cuda, as scripts/gpu-check.sh runs it).
+      return model->loss(x.to(engine.device()), y.to(engine.device()));
     });
     losses.push_back(r.loss);
   }
