@@ -37,6 +37,11 @@
 //   3  1M               22.5, 27.8 | 35.0, 36.3               12.5, 14.6 | 18.2, 22.1
 //   3  4M               79.9, 87.9 | 261.6, 282.5             58.3, 60.4 | 217.4, 266.0
 // clang-format on
+// Those two runs were of the ring on a Gloo context of its own. On c10d's send/recv (one
+// run, 5 reps, load average about 4, Debian's LibTorch 1.13), ring | c10d-based: W=2 1M
+// reduce_scatter 12.6 | 21.6, all_gather 6.7 | 9.4; 4M 38.6 | 119.0, 27.2 | 86.5; W=3 1M
+// 25.5 | 46.6, 16.3 | 32.1; 4M 81.4 | 303.9, 73.9 | 202.8: about the same, and still the
+// faster of each pair.
 // The ring reduce-scatter sends half the bytes of all_reduce+slice and stages two chunks
 // instead of a full copy; the ring all_gather skips c10d's staged flat copy. Reproduce:
 //   comm_gloo_test --gtest_also_run_disabled_tests --gtest_filter='GlooBench.*'
