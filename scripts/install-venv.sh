@@ -27,6 +27,9 @@
 #
 # Idempotent: when every pin is already installed it says so and downloads nothing, and the
 # JIT builds find their cached objects (ninja: no work to do).
+# `--torch-only`: torch alone, for building zinf against it (README, "Building against torch
+# 2.x"; CI's torch 2.x stage): no peer packages, no JIT builds, no Debian packages checked.
+#
 # The venv is made with the first `python3` on PATH (Debian's /usr/bin/python3 has no pip);
 # PYTHON=/path/to/python3 picks another one. Needs about 5 GB of disk (torch pulls the CUDA
 # 13 runtime libraries, cuDNN and NCCL from PyPI).
@@ -46,6 +49,19 @@ peer_packages=(
   huggingface_hub==2.4.0
 )
 
+torch_only=0
+for arg in "$@"; do
+  case $arg in
+    --torch-only) torch_only=1 ;;
+    *) echo "install-venv: unknown argument '$arg' (usage: scripts/install-venv.sh [--torch-only])" >&2
+       exit 2 ;;
+  esac
+done
+if ((torch_only)); then
+  packages=("${packages[0]}")  # the torch pin
+  peer_packages=()
+fi
+
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="$repo/.venv"
 python=${PYTHON:-python3}
@@ -58,15 +74,17 @@ done
 
 # The tools the JIT builds need, checked before anything is downloaded.
 missing_debs=()
-command -v g++ >/dev/null || missing_debs+=(g++)
-command -v ninja >/dev/null || missing_debs+=(ninja-build)
-if ! printf '#include <libaio.h>\nint main(){io_context_t c=0;return io_setup(1,&c);}\n' |
-    g++ -x c++ - -o /dev/null -laio 2>/dev/null; then
-  missing_debs+=(libaio-dev)
-fi
-if ((${#missing_debs[@]})); then
-  die "the DeepSpeed JIT builds need Debian packages that are missing: ${missing_debs[*]}" \
-      "(install them with: apt-get install -y ${missing_debs[*]})"
+if ((!torch_only)); then
+  command -v g++ >/dev/null || missing_debs+=(g++)
+  command -v ninja >/dev/null || missing_debs+=(ninja-build)
+  if ! printf '#include <libaio.h>\nint main(){io_context_t c=0;return io_setup(1,&c);}\n' |
+      g++ -x c++ - -o /dev/null -laio 2>/dev/null; then
+    missing_debs+=(libaio-dev)
+  fi
+  if ((${#missing_debs[@]})); then
+    die "the DeepSpeed JIT builds need Debian packages that are missing: ${missing_debs[*]}" \
+        "(install them with: apt-get install -y ${missing_debs[*]})"
+  fi
 fi
 
 # A venv whose interpreter no longer runs (its base Python was removed) is made anew.
@@ -84,7 +102,7 @@ if [[ ! -x $venv/bin/python ]]; then
 fi
 vpython="$venv/bin/python"
 include=$("$vpython" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-[[ -f $include/Python.h ]] ||
+((torch_only)) || [[ -f $include/Python.h ]] ||
   die "no Python.h in $include: the JIT builds need the interpreter's headers (python3-dev)"
 
 # Prints the pins among "$@" not installed at their version.
@@ -139,6 +157,8 @@ for pin in sys.argv[1:]:
     print(f"  {name} {md.version(name)}")
 EOF
 "$vpython" -c 'import torch; print(torch.__version__, torch.version.cuda, torch.utils.cmake_prefix_path)'
+
+((torch_only)) && exit 0
 
 # JIT-builds (or finds built) DeepSpeed's cpu_adam and async_io for the CPU accelerator.
 jit_start=$SECONDS
