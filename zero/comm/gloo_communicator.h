@@ -1,7 +1,8 @@
 // GlooCommunicator: the Communicator of several processes on host memory, through LibTorch's
 // c10d::ProcessGroupGloo, plus ring collectives of our own on its point-to-point send and
-// recv for what this Gloo lacks or does slowly. Buffers are the caller's host memory (also the CPU accelerator's device
-// memory); c10d sees them as at::from_blob tensors, never as copies.
+// recv for what this Gloo lacks or does slowly. Buffers are the caller's host memory (also
+// the CPU accelerator's device memory); c10d sees them as at::from_blob tensors, never as
+// copies.
 //
 // Rendezvous: a c10d::TCPStore at env.master_addr:env.master_port. Rank 0 serves it, unless
 // the launcher's agent already does (env.agent_store, torchrun's static rendezvous): then
