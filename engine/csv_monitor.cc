@@ -34,7 +34,8 @@ void CsvMonitor::write(const std::string& event, int64_t step, double value) {
   if (it == files_.end()) {
     const std::string path = file_for(event);
     std::error_code ec;
-    const bool fresh = !std::filesystem::exists(path, ec) || std::filesystem::file_size(path, ec) == 0;
+    const bool fresh =
+        !std::filesystem::exists(path, ec) || std::filesystem::file_size(path, ec) == 0;
     auto file = std::make_unique<std::ofstream>(path, std::ios::app);
     if (!*file) {
       throw EngineError(
