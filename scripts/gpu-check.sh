@@ -3,7 +3,7 @@
 # internet (the project's GPU machines: x86-64 Ubuntu, CUDA 13, Python torch 2.11.0+cu130 as
 # `python3`, no Debian dev packages). Two halves:
 #
-#   scripts/gpu-check.sh pack   here, on Debian: fills gpu-bundle/ (git-ignored, about 20 MB)
+#   scripts/gpu-check.sh pack   here, on Debian: fills gpu-bundle/ (git-ignored, 15 MB here)
 #                               from a build of zinf against PyPI's torch 2.11 (README,
 #                               "Building against torch 2.x"; ZINF_GPU_BUILD names the build
 #                               folder, default build-torch2): zinf, the CUDA, NCCL and engine
@@ -94,7 +94,7 @@ gtest() {  # gtest NAME LIMIT_S BINARY ARGS...
   echo "---- $name: $* (limit ${limit} s)"
   timeout "$limit" "$@" >"$log" 2>&1
   local rc=$?
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[ +(OK|FAILED) +\]|^\[  SKIPPED \]' "$log" | tail -40
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[ +(OK|FAILED) +\]' "$log" | tail -40
   local ran passed skipped
   ran=$(grep -c '^\[ RUN      \]' "$log")
   passed=$(grep -c '^\[       OK \]' "$log")
