@@ -61,6 +61,14 @@ using testing::TrainOptions;
 constexpr int kSteps = 6;
 constexpr int kKillAfterStep = 2;
 constexpr int kKilledTimeoutMs = 3000;
+// Adam's epsilon, here and in the reference. The ranks add their gradients in another order
+// than one process does, and Adam divides by sqrt(v) + eps: an element whose gradient is near
+// zero turns that last-bit difference into a visible share of an lr-sized step. With
+// PyTorch's 1e-8, seed 7829351609333105389 moved one element of layers.2.fc2.weight (3 ranks,
+// stages 0-3 alike) by 2.2e-5, a normwise error of 1.05e-5 against the usual 1.5e-7; with
+// 1e-6 that seed gives 2.4e-7 and the worst of 23 other seeds 3.1e-7. Gradients here are
+// far above 1e-6, so a wrong one still moves parameters by ~lr per step.
+constexpr double kAdamEps = 1e-6;
 
 std::string env_or(const char* name, const std::string& fallback) {
   const char* value = std::getenv(name);
@@ -70,6 +78,7 @@ std::string env_or(const char* name, const std::string& fallback) {
 optimizer_cpu::AdamConfig adam_config(const TrainOptions& o) {
   optimizer_cpu::AdamConfig a;
   a.lr = static_cast<float>(o.lr);
+  a.eps = static_cast<float>(kAdamEps);
   a.weight_decay = static_cast<float>(o.weight_decay);
   a.adamw_mode = true;
   return a;
@@ -107,9 +116,10 @@ Reference train_reference(testing::Net& net, const NetShape& shape, const TrainO
                           int world, ReferenceBatch how, uint64_t seed, int skip_step,
                           bool repeat_batch) {
   const std::vector<torch::Tensor> params = testing::unique_parameters(net);
-  torch::optim::AdamW opt(
-      params,
-      torch::optim::AdamWOptions(o.lr).betas({0.9, 0.999}).eps(1e-8).weight_decay(o.weight_decay));
+  torch::optim::AdamW opt(params, torch::optim::AdamWOptions(o.lr)
+                                      .betas({0.9, 0.999})
+                                      .eps(kAdamEps)
+                                      .weight_decay(o.weight_decay));
   const int64_t global = o.micro_batches * o.micro_batch_size;
   Reference r;
   for (int step = 0; step < o.steps; ++step) {
