@@ -69,6 +69,7 @@ MODES = ("none", "cpu", "nvme")
 STEP_ZINF = re.compile(r"^step (\d+) \| loss ")
 STEP_DS = re.compile(r"^ds-step (\d+) loss (\S+) ")
 FORTUNES = "/usr/share/games/fortunes"
+WAIT_POLICY = [""]  # --omp-wait-policy, for both runtimes' processes
 
 
 def load_average():
@@ -285,6 +286,8 @@ def base_env(ranks, port):
     env["DS_ACCELERATOR"] = "cpu"
     env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // ranks))
     env["PYTHONUNBUFFERED"] = "1"
+    if WAIT_POLICY[0]:
+        env["OMP_WAIT_POLICY"] = WAIT_POLICY[0]
     if ranks == 1:
         env.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
@@ -418,6 +421,8 @@ def main():
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated, of " + ", ".join(MODES))
     ap.add_argument("--modes-125m", default="none,nvme", help="the modes the 125m shape runs")
     ap.add_argument("--ranks", default="1,2")
+    ap.add_argument("--ranks-125m", default="1,2", help="the rank counts the 125m shape runs")
+    ap.add_argument("--omp-wait-policy", default="", help="OMP_WAIT_POLICY for both sides (default: unset)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--steps-125m", type=int, default=6)
     ap.add_argument("--seq-len", type=int, default=128)
@@ -433,11 +438,15 @@ def main():
     ap.add_argument("--dir", default="/var/tmp", help="where the temporary folders go (swap files too)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folders")
     ap.add_argument("--consolidate", action="store_true", help="part 4: zero_to_fp32 on both sides' checkpoints")
+    ap.add_argument("--consolidate-rounds", type=int, default=3)
     args = ap.parse_args()
+    WAIT_POLICY[0] = args.omp_wait_policy
     if not os.access(args.zinf, os.X_OK):
         sys.exit(f"bench_ds_train: no zinf at {args.zinf} (cmake --build build-torch2 --target zinf)")
 
-    print(f"bench_ds_train: load average {load_average()} at the start; {os.cpu_count()} cores; zinf {args.zinf}")
+    print(f"bench_ds_train: load average {load_average()} at the start; {os.cpu_count()} cores; zinf {args.zinf}; "
+          f"OMP_NUM_THREADS cores / ranks; OMP_WAIT_POLICY {args.omp_wait_policy or 'unset (libgomp default: spin, then sleep)'}")
+    print(" ".join([os.path.basename(sys.executable)] + sys.argv))
     top = tempfile.mkdtemp(prefix="bench-ds-train-", dir=args.dir)
     consolidation = []
     try:
@@ -458,7 +467,7 @@ def main():
                   f"{n_tokens} tokens in {tokens_path}")
             results = {}
             for rnd in range(args.rounds):
-                for i, (mode, ranks) in enumerate((m, int(r)) for m in modes for r in args.ranks.split(",")):
+                for i, (mode, ranks) in enumerate((m, int(r)) for m in modes for r in (args.ranks if small else args.ranks_125m).split(",")):
                     order = ("deepspeed", "zinf") if (rnd + i) % 2 == 0 else ("zinf", "deepspeed")
                     for runtime in order:
                         save = args.consolidate and rnd == 0 and small and mode == "none" and ranks == 2

@@ -53,13 +53,20 @@ def compare(dir_a, dir_b):
 
 
 def compare_consolidation(checkpoints, args, work):
+    # Run from a copy, as DeepSpeed's save_checkpoint places one in the checkpoint folder: run
+    # where it is installed, its folder (deepspeed/utils) comes first on sys.path and its
+    # types.py shadows the standard library's (ImportError: cannot import name 'IntEnum' from
+    # partially initialized module 'enum').
+    script = os.path.join(work, "ds_zero_to_fp32", "zero_to_fp32.py")
+    os.makedirs(os.path.dirname(script), exist_ok=True)
+    shutil.copy(DS_SCRIPT, script)
     env = b.base_env(1, 29999)
     env["OMP_NUM_THREADS"] = str(os.cpu_count() or 1)
     rounds = getattr(args, "consolidate_rounds", 3)
     rows = []
     for owner, ckpt in checkpoints:
         tools = {
-            "zero_to_fp32.py": lambda out: [os.path.join(b.VENV, "python"), DS_SCRIPT, ckpt, out,
+            "zero_to_fp32.py": lambda out: [os.path.join(b.VENV, "python"), script, ckpt, out,
                                             "--safe_serialization"],
             "zinf zero-to-fp32": lambda out: [args.zinf, "zero-to-fp32", ckpt, out, "--safe-serialization"],
         }
