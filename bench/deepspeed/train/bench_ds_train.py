@@ -28,7 +28,8 @@ kernels). What it does, in a fresh temporary folder (--dir, default /var/tmp) pe
      cores / ranks for both;
   4. while a run lasts it polls /proc of every process in the launched tree every
      --poll seconds: VmHWM (peak RSS; the table sums the ranks' peaks, torchrun's agent
-     apart) and read_bytes / write_bytes of /proc/PID/io (what reached or came from the
+     apart; a 1-rank run's peak is also read from wait4's rusage, which polling can miss
+     in its last period) and read_bytes / write_bytes of /proc/PID/io (what reached or came from the
      block layer). Rank 0's per-step line is time-stamped as it arrives; the counters are
      read at the line of step 1 and at the line of the last step, so s/step, tokens/s and
      bytes/step are over steps 2..N (step 1 is warm-up and is excluded). The loss of every
@@ -228,6 +229,14 @@ class Watch:
         self.done.set()
         self.thread.join()
 
+    def largest(self):
+        """'NNN MiB: cmdline' of the process with the largest peak (not the launcher)."""
+        procs = [(v, self.cmd.get(pid, "?")) for pid, v in self.hwm.items() if pid != self.launcher_pid]
+        if not procs:
+            return "-"
+        v, cmd = max(procs)
+        return f"{v / 2**20:.0f} MiB of {len(procs)} process(es): {cmd[:100]}"
+
     def peak_rss(self):
         """(sum of the ranks' peaks, the launcher's peak or 0)."""
         ranks = sum(v for pid, v in self.hwm.items() if pid != self.launcher_pid)
@@ -260,7 +269,10 @@ def run_measured(cmd, env, step_re, steps, log_path, poll, timeout):
             if m and int(m.group(1)) in (1, steps):
                 read, written = watch.sample()
                 marks[int(m.group(1))] = (time.perf_counter(), read, written)
-        rc = proc.wait()
+        # wait4: the exact peak of a single process (the 1-rank runs), which polling can miss
+        # when it comes in the last poll period before exit.
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = rc = os.waitstatus_to_exitcode(status)
         timer.cancel()
         watch.stop()
     wall = time.perf_counter() - start
@@ -270,12 +282,15 @@ def run_measured(cmd, env, step_re, steps, log_path, poll, timeout):
                 "lines": lines}
     (t1, r1, w1), (tn, rn, wn) = marks[1], marks[steps]
     ranks_rss, launcher_rss = watch.peak_rss()
+    if launcher is None:
+        ranks_rss = max(ranks_rss, usage.ru_maxrss * 1024)
     return {
         "s_per_step": (tn - t1) / (steps - 1),
         "read_per_step": (rn - r1) / (steps - 1),
         "write_per_step": (wn - w1) / (steps - 1),
         "peak_rss": ranks_rss,
         "launcher_rss": launcher_rss,
+        "largest": watch.largest(),
         "wall": wall,
         "lines": lines,
     }
@@ -474,7 +489,7 @@ def main():
                         r = run_one(runtime, mode, ranks, shape_dir, run_args, tokens_path, largest, save)
                         status = r.get("error", "").splitlines()[0] if "error" in r else (
                             f"{r['s_per_step']:.3f} s/step, peak RSS {mib(r['peak_rss'])}, "
-                            f"last loss {r['losses'][-1]:.6f}")
+                            f"last loss {r['losses'][-1]:.6f}; largest {r['largest']}")
                         print(f"  round {rnd + 1} {runtime:9s} {mode:4s} {ranks}r: {status}", flush=True)
                         if rnd == 0:
                             print(f"    {' '.join(r['cmd'])}", flush=True)

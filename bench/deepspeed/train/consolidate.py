@@ -30,18 +30,18 @@ def measure(cmd, env, poll):
     return rc, wall, watch.peak_rss()[0], out
 
 
-def compare(dir_a, dir_b):
-    """'equal (N tensors)' or what differs."""
+def load_safetensors(d):
     from safetensors.numpy import load_file
 
-    def load(d):
-        files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
-        out = {}
-        for f in files:
-            out.update(load_file(os.path.join(d, f)))
-        return out
+    out = {}
+    for f in sorted(f for f in os.listdir(d) if f.endswith(".safetensors")):
+        out.update(load_file(os.path.join(d, f)))
+    return out
 
-    a, c = load(dir_a), load(dir_b)
+
+def compare(dir_a, dir_b):
+    """'equal (N tensors)' or what differs."""
+    a, c = load_safetensors(dir_a), load_safetensors(dir_b)
     if set(a) != set(c):
         return f"different names: only in DeepSpeed's {sorted(set(a) - set(c))[:5]}, only in zinf's {sorted(set(c) - set(a))[:5]}"
     bad = [n for n in a if a[n].dtype != c[n].dtype or a[n].shape != c[n].shape or a[n].tobytes() != c[n].tobytes()]
@@ -64,6 +64,7 @@ def compare_consolidation(checkpoints, args, work):
     env["OMP_NUM_THREADS"] = str(os.cpu_count() or 1)
     rounds = getattr(args, "consolidate_rounds", 3)
     rows = []
+    finals = {}  # owner -> its own converter's output (DeepSpeed's script for DeepSpeed's)
     for owner, ckpt in checkpoints:
         tools = {
             "zero_to_fp32.py": lambda out: [os.path.join(b.VENV, "python"), script, ckpt, out,
@@ -93,6 +94,7 @@ def compare_consolidation(checkpoints, args, work):
         verdict = (compare(outputs["zero_to_fp32.py"], outputs["zinf zero-to-fp32"])
                    if len(outputs) == 2 else "not compared (a converter failed)")
         rows.append((owner, ok, verdict))
+        finals[owner] = outputs.get("zero_to_fp32.py") if owner == "deepspeed" else outputs.get("zinf zero-to-fp32")
     print(f"\n### consolidation ({rounds} round(s), medians; safetensors output)\n")
     print("| checkpoint written by | zero_to_fp32.py s | zinf s | zinf / DS time | zero_to_fp32.py peak RSS "
           "| zinf peak RSS | outputs |")
@@ -104,3 +106,15 @@ def compare_consolidation(checkpoints, args, work):
         m = lambda rs: b.mib(statistics.median(r[1] for r in rs)) if rs else "failed"  # noqa: E731
         print(f"| {owner} | {s(ds)} | {s(zf)} "
               f"| {b.ratio(t(zf), t(ds)) if ds and zf else '-'} | {m(ds)} | {m(zf)} | {verdict} |")
+
+    # The two trainings' final weights (the same steps on the same data), each as its own
+    # converter writes them.
+    if finals.get("deepspeed") and finals.get("zinf"):
+        import numpy as np
+
+        a, c = load_safetensors(finals["deepspeed"]), load_safetensors(finals["zinf"])
+        common = sorted(set(a) & set(c))
+        worst = max(float(np.abs(a[n].astype("f8") - c[n].astype("f8")).max()) for n in common)
+        scale = max(float(np.abs(a[n]).max()) for n in common)
+        print(f"\nfinal weights, DeepSpeed's training (zero_to_fp32.py) against zinf's (zinf zero-to-fp32): "
+              f"{len(common)} common tensors of {len(a)} / {len(c)}, max |diff| {worst:.3g} (max |w| {scale:.3g})")
