@@ -26,10 +26,14 @@ kernels). What it does, in a fresh temporary folder (--dir, default /var/tmp) pe
      two alternating per round), 1 rank as a plain process with RANK/WORLD_SIZE/MASTER_*
      set, 2 ranks under .venv/bin/torchrun (gloo on loopback for both); OMP_NUM_THREADS is
      cores / ranks for both;
-  4. while a run lasts it polls /proc of every process in the launched tree every
-     --poll seconds: VmHWM (peak RSS; the table sums the ranks' peaks, torchrun's agent
-     apart; a 1-rank run's peak is also read from wait4's rusage, which polling can miss
-     in its last period) and read_bytes / write_bytes of /proc/PID/io (what reached or came from the
+  4. each rank runs under GNU time (/usr/bin/time -f): the table's peak RSS is the sum of
+     the ranks' ru_maxrss (where time is missing: VmHWM polled from /proc and summed over the
+     tree, torchrun's agent apart, which misses a peak in the last poll period and adds
+     the peaks of processes a rank starts and ends, e.g. a JIT load's compiler; not
+     getrusage of the child, whose ru_maxrss counts the RSS of this driver, which forked it,
+     before its exec). While a
+     run lasts it polls /proc of every process in the launched tree every --poll seconds for
+     read_bytes / write_bytes of /proc/PID/io read_bytes / write_bytes of /proc/PID/io (what reached or came from the
      block layer). Rank 0's per-step line is time-stamped as it arrives; the counters are
      read at the line of step 1 and at the line of the last step, so s/step, tokens/s and
      bytes/step are over steps 2..N (step 1 is warm-up and is excluded). The loss of every
@@ -69,6 +73,10 @@ SHAPES = {
 MODES = ("none", "cpu", "nvme")
 STEP_ZINF = re.compile(r"^step (\d+) \| loss ")
 STEP_DS = re.compile(r"^ds-step (\d+) loss (\S+) ")
+# Each rank runs under GNU time, which prints its peak RSS (ru_maxrss: the largest of the rank
+# and the processes it waited for, never their sum) when it exits.
+TIME = "/usr/bin/time"
+MAXRSS = re.compile(r"zinf-bench-maxrss-kib (\d+)")
 FORTUNES = "/usr/share/games/fortunes"
 WAIT_POLICY = [""]  # --omp-wait-policy, for both runtimes' processes
 
@@ -243,7 +251,7 @@ class Watch:
         return ranks, self.hwm.get(self.launcher_pid, 0)
 
 
-def run_measured(cmd, env, step_re, steps, log_path, poll, timeout):
+def run_measured(cmd, env, step_re, steps, ranks, log_path, poll, timeout):
     """Runs cmd; returns a dict of the measurements, or {"error": text}."""
     start = time.perf_counter()
     with open(log_path, "w") as log:
@@ -269,10 +277,7 @@ def run_measured(cmd, env, step_re, steps, log_path, poll, timeout):
             if m and int(m.group(1)) in (1, steps):
                 read, written = watch.sample()
                 marks[int(m.group(1))] = (time.perf_counter(), read, written)
-        # wait4: the exact peak of a single process (the 1-rank runs), which polling can miss
-        # when it comes in the last poll period before exit.
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = rc = os.waitstatus_to_exitcode(status)
+        rc = proc.wait()
         timer.cancel()
         watch.stop()
     wall = time.perf_counter() - start
@@ -282,14 +287,17 @@ def run_measured(cmd, env, step_re, steps, log_path, poll, timeout):
                 "lines": lines}
     (t1, r1, w1), (tn, rn, wn) = marks[1], marks[steps]
     ranks_rss, launcher_rss = watch.peak_rss()
-    if launcher is None:
-        ranks_rss = max(ranks_rss, usage.ru_maxrss * 1024)
+    polled_rss = ranks_rss
+    timed = [int(m.group(1)) * 1024 for m in map(MAXRSS.search, lines) if m]
+    if len(timed) == ranks:  # exact, where GNU time is there; else the polled sum
+        ranks_rss = sum(timed)
     return {
         "s_per_step": (tn - t1) / (steps - 1),
         "read_per_step": (rn - r1) / (steps - 1),
         "write_per_step": (wn - w1) / (steps - 1),
         "peak_rss": ranks_rss,
         "launcher_rss": launcher_rss,
+        "polled_rss": polled_rss,
         "largest": watch.largest(),
         "wall": wall,
         "lines": lines,
@@ -343,8 +351,10 @@ def run_one(runtime, mode, ranks, shape_dir, args, tokens_path, largest, save):
         if ckpt:
             program += ["--save", ckpt]
         step_re = STEP_DS
+    if os.access(TIME, os.X_OK):
+        program = [TIME, "-f", "zinf-bench-maxrss-kib %M"] + program
     cmd = launch(ranks, port, program)
-    r = run_measured(cmd, base_env(ranks, port), step_re, args.steps, os.path.join(run_dir, "log.txt"),
+    r = run_measured(cmd, base_env(ranks, port), step_re, args.steps, ranks, os.path.join(run_dir, "log.txt"),
                      args.poll, args.timeout)
     r["cmd"] = cmd
     r["dir"] = run_dir
@@ -488,7 +498,7 @@ def main():
                         save = args.consolidate and rnd == 0 and small and mode == "none" and ranks == 2
                         r = run_one(runtime, mode, ranks, shape_dir, run_args, tokens_path, largest, save)
                         status = r.get("error", "").splitlines()[0] if "error" in r else (
-                            f"{r['s_per_step']:.3f} s/step, peak RSS {mib(r['peak_rss'])}, "
+                            f"{r['s_per_step']:.3f} s/step, peak RSS {mib(r['peak_rss'])} (polled {mib(r['polled_rss'])}), "
                             f"last loss {r['losses'][-1]:.6f}; largest {r['largest']}")
                         print(f"  round {rnd + 1} {runtime:9s} {mode:4s} {ranks}r: {status}", flush=True)
                         if rnd == 0:
