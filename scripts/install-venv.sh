@@ -28,7 +28,10 @@
 # Idempotent: when every pin is already installed it says so and downloads nothing, and the
 # JIT builds find their cached objects (ninja: no work to do).
 # `--torch-only`: torch alone, for building zinf against it (README, "Building against torch
-# 2.x"; CI's torch 2.x stage): no peer packages, no JIT builds, no Debian packages checked.
+# 2.x"): no peer packages, no JIT builds, no Debian packages checked.
+# `--no-jit`: every package, but no JIT builds and no Debian packages checked: enough for the
+# tests of label "deepspeed" that load zinf's files with transformers (CI's torch 2.x stage),
+# not for bench/deepspeed.
 #
 # The venv is made with the first `python3` on PATH (Debian's /usr/bin/python3 has no pip);
 # PYTHON=/path/to/python3 picks another one. Needs about 5 GB of disk (torch pulls the CUDA
@@ -50,13 +53,16 @@ peer_packages=(
 )
 
 torch_only=0
+no_jit=0
 for arg in "$@"; do
   case $arg in
     --torch-only) torch_only=1 ;;
-    *) echo "install-venv: unknown argument '$arg' (usage: scripts/install-venv.sh [--torch-only])" >&2
+    --no-jit) no_jit=1 ;;
+    *) echo "install-venv: unknown argument '$arg' (usage: scripts/install-venv.sh [--torch-only | --no-jit])" >&2
        exit 2 ;;
   esac
 done
+((torch_only)) && no_jit=1
 if ((torch_only)); then
   packages=("${packages[0]}")  # the torch pin
   peer_packages=()
@@ -74,7 +80,7 @@ done
 
 # The tools the JIT builds need, checked before anything is downloaded.
 missing_debs=()
-if ((!torch_only)); then
+if ((!no_jit)); then
   command -v g++ >/dev/null || missing_debs+=(g++)
   command -v ninja >/dev/null || missing_debs+=(ninja-build)
   if ! printf '#include <libaio.h>\nint main(){io_context_t c=0;return io_setup(1,&c);}\n' |
@@ -102,7 +108,7 @@ if [[ ! -x $venv/bin/python ]]; then
 fi
 vpython="$venv/bin/python"
 include=$("$vpython" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-((torch_only)) || [[ -f $include/Python.h ]] ||
+((no_jit)) || [[ -f $include/Python.h ]] ||
   die "no Python.h in $include: the JIT builds need the interpreter's headers (python3-dev)"
 
 # Prints the pins among "$@" not installed at their version.
@@ -158,7 +164,10 @@ for pin in sys.argv[1:]:
 EOF
 "$vpython" -c 'import torch; print(torch.__version__, torch.version.cuda, torch.utils.cmake_prefix_path)'
 
-((torch_only)) && exit 0
+if ((no_jit)); then
+  echo "install-venv: no JIT builds (${1:-}): bench/deepspeed needs scripts/install-venv.sh without it"
+  exit 0
+fi
 
 # JIT-builds (or finds built) DeepSpeed's cpu_adam and async_io for the CPU accelerator.
 jit_start=$SECONDS
