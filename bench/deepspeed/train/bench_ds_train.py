@@ -225,7 +225,8 @@ class Watch:
                     continue
                 self.hwm[pid] = max(self.hwm.get(pid, 0), r[0])
                 self.io[pid] = (r[1], r[2])
-                self.cmd[pid] = r[3]
+                if r[3]:  # a zombie's cmdline is empty
+                    self.cmd[pid] = r[3]
             return sum(v[0] for v in self.io.values()), sum(v[1] for v in self.io.values())
 
     def _run(self):
