@@ -36,10 +36,10 @@ std::optional<double> Progress::step_eta_seconds() const {
 }
 
 std::optional<double> Progress::eta_locked() const {
-  if (step_ < 2) return std::nullopt;
+  if (first_step_ == 0 || step_ <= first_step_) return std::nullopt;
   const double after_first =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - first_step_end_).count();
-  const double per_step = after_first / static_cast<double>(step_ - 1);
+  const double per_step = after_first / static_cast<double>(step_ - first_step_);
   return per_step * static_cast<double>(std::max<int64_t>(total_ - step_, 0));
 }
 
@@ -93,10 +93,13 @@ void Progress::update(int64_t step, double loss, double tokens_per_second) {
   loss_ = loss;
   tokens_per_second_ = tokens_per_second;
   micro_done_ = micro_total_ = 0;
-  if (step == 1) first_step_end_ = std::chrono::steady_clock::now();
+  if (first_step_ == 0) {
+    first_step_ = step;
+    first_step_end_ = std::chrono::steady_clock::now();
+  }
   if (terminal_) {
     draw();
-  } else if (step == 1 || step % plain_every_ == 0 || step == total_) {
+  } else if (step == first_step_ || step % plain_every_ == 0 || step == total_) {
     fmt::print("{}\n", status_locked(step));  // with the other log lines, on stdout
     std::fflush(stdout);
   }

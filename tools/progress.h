@@ -4,8 +4,9 @@
 // logs stay readable. Other output goes through
 // print(), which clears the bar first and redraws it after.
 //
-// The ETA is the mean time of the steps after the first (which pays for warm-up: the trace
-// record, allocations, page faults) times the steps left.
+// The ETA is the mean time of the steps after the first one this run trains (which pays for
+// warm-up: the trace record, allocations, page faults) times the steps left. A resumed run
+// (`--load`) starts past step 1: its first step is the first update() it gets.
 //
 // A long step (many micro-batches) shows its own progress: micro_batch() adds "micro-batch
 // i/n" and the step's ETA to the bar, and off a terminal prints a plain line every
@@ -51,7 +52,8 @@ class Progress {
   void finish();
 
   [[nodiscard]] bool terminal() const noexcept { return terminal_; }
-  // Seconds left, from the steps seen so far (nullopt before the second step).
+  // Seconds left, from the steps seen so far (nullopt before the second step this run
+  // trains).
   [[nodiscard]] std::optional<double> eta_seconds() const;
   // Seconds left in the step in progress, from its micro-batches so far (nullopt before one).
   [[nodiscard]] std::optional<double> step_eta_seconds() const;
@@ -78,6 +80,8 @@ class Progress {
   std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::time_point first_step_end_;
   int64_t step_ = 0;
+  // The first step update() got (1, or the step after a resumed checkpoint's), 0 before it.
+  int64_t first_step_ = 0;
   double loss_ = 0.0;
   double tokens_per_second_ = 0.0;
   bool drawn_ = false;
