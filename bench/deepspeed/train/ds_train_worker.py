@@ -12,7 +12,8 @@ deepspeed.initialize with the config, and for each step runs gradient_accumulati
 micro-batches of train_micro_batch_size_per_gpu samples: forward, the mean token
 cross-entropy of the logits against the targets (the inputs shifted by one token, as zinf
 cuts them: the labels are not shifted again inside the model), engine.backward, engine.step.
-Rank 0 prints one line per step, `ds-step N loss X seconds T`, the loss being the mean over
+Rank 0 prints one line per step, `ds-step N loss X seconds T grad_norm G` (G: DeepSpeed's
+global gradient norm before clipping), the loss being the mean over
 the step's micro-batches averaged across ranks (what zinf reports), X in full precision.
 
 The sample order is zinf's SampleLoader (engine/data/sample_loader.cc), re-done here: the
@@ -148,7 +149,9 @@ def main():
             dist.all_reduce(mean)
             mean /= world
         if rank == 0:
-            print(f"ds-step {step} loss {mean.item()!r} seconds {time.perf_counter() - start:.6f}", flush=True)
+            norm = engine.get_global_grad_norm()  # before clipping
+            print(f"ds-step {step} loss {mean.item()!r} seconds {time.perf_counter() - start:.6f} "
+                  f"grad_norm {float(norm) if norm is not None else float('nan'):.6g}", flush=True)
 
     if args.save:
         engine.save_checkpoint(args.save, tag=f"global_step{args.steps}")
