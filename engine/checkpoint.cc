@@ -1021,15 +1021,35 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
     b.put(c, "fp16", fp);
     return c;
   };
+  // DeepSpeed's loss scaler object (deepspeed.runtime.fp16.loss_scaler's LossScaler, or
+  // DynamicLossScaler when dynamic) with its attributes as BUILD's state, as DeepSpeed pickles
+  // it: DeepSpeed's load_checkpoint puts what it finds here in place of its scaler and calls
+  // its methods (a plain dict broke its next backward: "'dict' object has no attribute
+  // 'scale_loss'"). The iteration, last overflow and hysteresis left are written for a
+  // static scale too (zinf reads them back; Python keeps extra attributes).
   auto loss_scaler = [&](FileBuilder& b) {
     const zero::LossScaler::State s = scaler_.state();
+    const bool dynamic = scaler_.dynamic();
     PickleValue* d = b.dict();
     b.put(d, "cur_scale", b.real(s.scale));
+    b.put(d, "dynamic", b.boolean(dynamic));
     b.put(d, "cur_iter", b.integer(s.iteration));
     b.put(d, "last_overflow_iter", b.integer(s.last_overflow_iteration));
     b.put(d, "cur_hysteresis", b.integer(s.hysteresis_left));
-    b.put(d, "dynamic", b.boolean(scaler_.dynamic()));
-    return d;
+    if (dynamic) {
+      b.put(d, "scale_factor", b.real(2.0));
+      b.put(d, "scale_window", b.integer(scaler_.window()));
+      b.put(d, "min_scale", b.real(scaler_.min_scale()));
+      b.put(d, "delayed_shift", b.integer(scaler_.hysteresis()));
+      b.put(d, "consecutive_hysteresis", b.boolean(scaler_.consecutive_hysteresis()));
+      b.put(d, "raise_error_at_min_scale", b.boolean(true));
+      b.put(d, "dtype", b.doc().global("torch", "float16"));
+    }
+    PickleValue* scaler =
+        b.doc().object("deepspeed.runtime.fp16.loss_scaler",
+                       dynamic ? "DynamicLossScaler" : "LossScaler", b.doc().tuple({}), true);
+    b.doc().set_state(scaler, d);
+    return scaler;
   };
   // The partition's tensors (unit tensors per array) and the inner optimizer dict, DeepSpeed's
   // stage 1/2 or 3 form. keys[a][u]: storage of array a (0: params, then states) for unit u.
@@ -1521,12 +1541,20 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
   skipped_steps_ = m.at("skipped_steps").as_int();
   applied_steps_ = z->at("applied_steps").as_int();
   {
-    const PickleValue& ls = inner->at("loss_scaler");
+    // DeepSpeed's scaler object (its attributes in BUILD's state; a static LossScaler has
+    // only cur_scale and dynamic), or the dict zinf wrote before it wrote that object.
+    const PickleValue& saved = inner->at("loss_scaler");
+    const PickleValue& ls =
+        saved.is(PickleValue::Kind::kObject) && saved.state() != nullptr ? *saved.state() : saved;
+    auto int_or = [&](std::string_view key, int64_t fallback) {
+      const PickleValue* v = ls.find(key);
+      return v != nullptr && !v->is(PickleValue::Kind::kNone) ? v->as_int() : fallback;
+    };
     zero::LossScaler::State s;
     s.scale = ls.at("cur_scale").as_float();
-    s.iteration = ls.at("cur_iter").as_int();
-    s.last_overflow_iteration = ls.at("last_overflow_iter").as_int();
-    s.hysteresis_left = static_cast<int>(ls.at("cur_hysteresis").as_int());
+    s.iteration = int_or("cur_iter", 0);
+    s.last_overflow_iteration = int_or("last_overflow_iter", -1);
+    s.hysteresis_left = static_cast<int>(int_or("cur_hysteresis", 1));
     scaler_.restore(s);
   }
   {

@@ -30,6 +30,12 @@ class LossScaler {
 
   [[nodiscard]] double scale() const noexcept { return scale_; }
   [[nodiscard]] bool dynamic() const noexcept { return dynamic_; }
+  // The dynamic rule's settings (the fp16 block's min_loss_scale, loss_scale_window,
+  // hysteresis and consecutive_hysteresis), for checkpoints.
+  [[nodiscard]] double min_scale() const noexcept { return min_scale_; }
+  [[nodiscard]] int window() const noexcept { return window_; }
+  [[nodiscard]] int hysteresis() const noexcept { return hysteresis_; }
+  [[nodiscard]] bool consecutive_hysteresis() const noexcept { return consecutive_hysteresis_; }
 
   // Records one step's global overflow verdict and adjusts the scale. Throws ZeroError when
   // an overflow happens with the scale already at min_loss_scale.

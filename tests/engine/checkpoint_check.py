@@ -10,8 +10,26 @@ Exits 0 when everything matches, 1 with a message otherwise.
 """
 import os
 import sys
+import types
 
 import torch
+
+
+# The optimizer-states file holds DeepSpeed's loss scaler object, as DeepSpeed writes it
+# (deepspeed.runtime.fp16.loss_scaler's LossScaler or DynamicLossScaler). Debian's python3 has
+# no deepspeed: plain classes under those names let the unpickler build it, and the check below
+# reads its attributes.
+def _stand_in_loss_scalers():
+    module = types.ModuleType("deepspeed.runtime.fp16.loss_scaler")
+    for name in ("LossScaler", "DynamicLossScaler"):
+        setattr(module, name, type(name, (), {"__module__": module.__name__}))
+    parts = module.__name__.split(".")
+    for i in range(1, len(parts)):
+        sys.modules.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
+    sys.modules[module.__name__] = module
+
+
+_stand_in_loss_scalers()
 
 
 def load_f32(path):
@@ -46,6 +64,11 @@ def main():
     inner = optim["optimizer_state_dict"]
     if inner["zero_stage"] != stage:
         fail("zero_stage %r" % inner["zero_stage"])
+    scaler = inner["loss_scaler"]
+    if (type(scaler).__qualname__ != "LossScaler" or scaler.cur_scale != 1.0
+            or scaler.dynamic is not False):
+        fail("loss_scaler %r (%r), expected a static LossScaler of scale 1"
+             % (type(scaler), getattr(scaler, "__dict__", scaler)))
     if stage == 3:
         flat = inner["fp32_flat_groups"]
         torch_state = inner["optimizer_state_dict"]
