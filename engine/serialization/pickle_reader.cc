@@ -220,6 +220,7 @@ class Reader {
   PickleValue* call(PickleValue* callable, PickleValue* args, bool newobj, PickleValue* kwargs);
   PickleValue* rebuild_tensor(const PickleValue& args, bool v2);
   PickleValue* rebuild_parameter(const PickleValue& args, bool with_state);
+  PickleValue* rebuild_from_type(const PickleValue& args);
   PickleValue* persistent_load(PickleValue* pid);
   static std::vector<int64_t> ints_of(const PickleValue& value, const char* what);
 
@@ -313,6 +314,35 @@ PickleValue* Reader::rebuild_parameter(const PickleValue& args, bool with_state)
   return node;
 }
 
+PickleValue* Reader::rebuild_from_type(const PickleValue& args) {
+  // torch._tensor._rebuild_from_type_v2(func, new_type, args, state): how torch saves a tensor
+  // of a Tensor subclass or one carrying Python attributes (DeepSpeed's stage-3
+  // fp32_flat_groups carry `ds_id`). func is a torch._utils rebuild whose arguments are
+  // `args`; the tensor is what it describes, the Python type is dropped, the attributes are
+  // kept as the tensor's BUILD state.
+  std::span<const PickleValue* const> a = args.items();
+  if (a.size() < 4) fail("too few arguments for _rebuild_from_type_v2");
+  if (!a[0]->is(Kind::kGlobal) || a[0]->module() != "torch._utils") {
+    fail("_rebuild_from_type_v2 of a " + std::string(a[0]->kind_name()) +
+         ", not of a torch._utils tensor rebuild");
+  }
+  if (!a[2]->is(Kind::kTuple)) fail("_rebuild_from_type_v2's arguments are not a tuple");
+  const std::string& rebuild = a[0]->name();
+  PickleValue* node = nullptr;
+  if (rebuild == "_rebuild_tensor_v2") {
+    node = rebuild_tensor(*a[2], true);
+  } else if (rebuild == "_rebuild_tensor") {
+    node = rebuild_tensor(*a[2], false);
+  } else if (rebuild == "_rebuild_parameter") {
+    node = rebuild_parameter(*a[2], false);
+  } else {
+    fail("_rebuild_from_type_v2 of torch._utils." + rebuild + ", not of a tensor rebuild");
+  }
+  const bool has_state = a[3]->is(Kind::kDict) || a[3]->is(Kind::kTuple);
+  if (has_state && a[3]->size() > 0) document_.set_state(node, const_cast<PickleValue*>(a[3]));
+  return node;
+}
+
 PickleValue* Reader::call(PickleValue* callable, PickleValue* args, bool newobj,
                           PickleValue* kwargs) {
   if (!callable->is(Kind::kGlobal)) {
@@ -323,11 +353,12 @@ PickleValue* Reader::call(PickleValue* callable, PickleValue* args, bool newobj,
   const std::string& name = callable->name();
   std::span<const PickleValue* const> a = args->items();
   const uint64_t at = opcode_offset_;
-  const bool recognised = (module == "collections" && name == "OrderedDict") ||
-                          (is_builtins(module) && (name == "set" || name == "frozenset" ||
-                                                   name == "bytearray" || name == "bytes")) ||
-                          (module == "_codecs" && name == "encode") ||
-                          (module == "torch" && name == "Size") || module == "torch._utils";
+  const bool recognised =
+      (module == "collections" && name == "OrderedDict") ||
+      (is_builtins(module) &&
+       (name == "set" || name == "frozenset" || name == "bytearray" || name == "bytes")) ||
+      (module == "_codecs" && name == "encode") || (module == "torch" && name == "Size") ||
+      module == "torch._utils" || (module == "torch._tensor" && name == "_rebuild_from_type_v2");
   if (recognised && !newobj && kwargs == nullptr) {
     charge_copy_of(a);
     // OrderedDict(pairs) and set(iterable) copy one level further down.
@@ -386,6 +417,8 @@ PickleValue* Reader::call(PickleValue* callable, PickleValue* args, bool newobj,
       if (name == "_rebuild_tensor") return rebuild_tensor(*args, false);
       if (name == "_rebuild_parameter") return rebuild_parameter(*args, false);
       if (name == "_rebuild_parameter_with_state") return rebuild_parameter(*args, true);
+    } else if (module == "torch._tensor" && name == "_rebuild_from_type_v2") {
+      return rebuild_from_type(*args);
     }
   }
   return document_.object(module, name, args, newobj, kwargs, at);

@@ -344,6 +344,59 @@ TEST(PickleRoundTripTest, EveryKindSurvivesWriteThenRead) {
   EXPECT_EQ(write_pickle(back.root()), bytes);
 }
 
+// torch 2.x saves a tensor that carries Python attributes (DeepSpeed tags its stage-3
+// fp32_flat_groups with `ds_id`) as torch._tensor._rebuild_from_type_v2(
+// torch._utils._rebuild_tensor_v2, torch.Tensor, (storage, offset, size, stride,
+// requires_grad, hooks), {"ds_id": ...}). It reads as that tensor, with the attributes as its
+// state. Before, it read as an object and `zinf zero-to-fp32` refused DeepSpeed's own stage-3
+// checkpoints: "fp32_flat_groups[0] is a object, expected a tensor".
+TEST(PickleReaderTest, ATensorRebuiltFromATypeIsTheTensorWithItsAttributes) {
+  PickleDocument built("built");
+  StorageRef s;
+  s.key = "0";
+  s.storage_type = "FloatStorage";
+  s.dtype = TensorDType::kFloat32;
+  s.location = "cpu";
+  s.numel = 6;
+  PickleValue* rebuild_args =
+      built.tuple({built.storage(s), built.integer(2), built.tuple({built.integer(4)}),
+                   built.tuple({built.integer(1)}), built.boolean(false),
+                   built.object("collections", "OrderedDict", built.tuple({}))});
+  PickleValue* attributes = built.dict();
+  built.set_item(attributes, built.string("ds_id"), built.integer(7));
+  PickleValue* tensor =
+      built.object("torch._tensor", "_rebuild_from_type_v2",
+                   built.tuple({built.global("torch._utils", "_rebuild_tensor_v2"),
+                                built.global("torch", "Tensor"), rebuild_args, attributes}));
+  PickleValue* flat = built.list();
+  built.append(flat, tensor);
+  PickleValue* root = built.dict();
+  built.set_item(root, built.string("fp32_flat_groups"), flat);
+
+  PickleDocument back = read(write_pickle(*root));
+  const PickleValue& got = *back.root().at("fp32_flat_groups").items()[0];
+  ASSERT_TRUE(got.is(Kind::kTensor)) << got.kind_name();
+  EXPECT_EQ(got.tensor().shape, (std::vector<int64_t>{4}));
+  EXPECT_EQ(got.tensor().storage_offset, 2);
+  EXPECT_EQ(got.tensor().storage.numel, 6);
+  ASSERT_NE(got.state(), nullptr);
+  EXPECT_EQ(got.state()->at("ds_id").as_int(), 7);
+
+  // Anything but a torch._utils tensor rebuild inside it is refused, naming it.
+  PickleDocument odd("odd");
+  PickleValue* not_a_tensor =
+      odd.object("torch._tensor", "_rebuild_from_type_v2",
+                 odd.tuple({odd.global("builtins", "print"), odd.global("torch", "Tensor"),
+                            odd.tuple({}), odd.dict()}));
+  try {
+    (void)read(write_pickle(*not_a_tensor));
+    ADD_FAILURE() << "read a _rebuild_from_type_v2 of builtins.print";
+  } catch (const SerializationError& e) {
+    EXPECT_NE(std::string(e.what()).find("not of a torch._utils tensor rebuild"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(PickleRoundTripTest, DictKeysFollowPythonEquality) {
   PickleDocument doc;
   PickleValue* dict = doc.dict();
