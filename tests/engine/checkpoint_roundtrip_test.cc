@@ -16,6 +16,7 @@
 #include "engine/model/llama.h"
 #include "engine/serialization/safetensors.h"
 #include "engine/serialization/torch_archive.h"
+#include "tests/common/run_logged.h"
 #include "tests/common/temp_dir.h"
 #include "tests/engine/tiny_llama.h"
 
@@ -57,13 +58,9 @@ EngineOptions options_for(const Case& c, const std::string& nvme) {
 // Runs `zinf zero-to-fp32 checkpoint out extra`; its output on failure.
 ::testing::AssertionResult consolidate(const std::string& checkpoint, const std::string& out,
                                        const std::string& extra) {
-  const std::string log = out + ".log";
-  const std::string command = std::string(ZINF_BINARY) + " zero-to-fp32 -q '" + checkpoint + "' '" +
-                              out + "' " + extra + " > '" + log + "' 2>&1";
-  if (std::system(command.c_str()) == 0) return ::testing::AssertionSuccess();
-  std::ifstream in(log);
-  return ::testing::AssertionFailure() << command << " failed:\n"
-                                       << std::string(std::istreambuf_iterator<char>(in), {});
+  return ::zinf::testing::run_logged(
+      std::string(ZINF_BINARY) + " zero-to-fp32 -q '" + checkpoint + "' '" + out + "' " + extra,
+      out + ".log");
 }
 
 // Copies the tensors `lookup(name)` gives into a fresh model's parameters (every name must

@@ -27,6 +27,7 @@
 #include "engine/model/llama.h"
 #include "engine/serialization/safetensors.h"
 #include "tests/common/multi_process.h"
+#include "tests/common/run_logged.h"
 #include "tests/common/temp_dir.h"
 #include "tests/tools/test_system.h"
 #include "zero/comm/launch_env.h"
@@ -45,15 +46,8 @@ constexpr double kLogitTolerance = 2e-5;
 
 // Runs make_hf_llama.py into `out` with `args`; a test failure with its output otherwise.
 ::testing::AssertionResult make_folder(const std::string& out, const std::string& args) {
-  const std::string log = out + ".log";
-  const std::string command = std::string("/usr/bin/python3 ") + ZINF_HF_SCRIPT + " '" + out +
-                              "' " + args + " > '" + log + "' 2>&1";
-  if (std::system(command.c_str()) == 0) {
-    return ::testing::AssertionSuccess();
-  }
-  std::ifstream in(log);
-  return ::testing::AssertionFailure() << command << " failed:\n"
-                                       << std::string(std::istreambuf_iterator<char>(in), {});
+  return ::zinf::testing::run_logged(
+      std::string("/usr/bin/python3 ") + ZINF_HF_SCRIPT + " '" + out + "' " + args, out + ".log");
 }
 
 at::Tensor tensor_of(const SafetensorsReader& reader, const std::string& name, at::ScalarType t) {

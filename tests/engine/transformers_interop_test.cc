@@ -19,26 +19,18 @@
 #include "engine/model/hf_checkpoint.h"
 #include "engine/model/llama.h"
 #include "engine/serialization/safetensors.h"
+#include "tests/common/run_logged.h"
 #include "tests/common/temp_dir.h"
 
 namespace zinf::engine {
 namespace {
 
 namespace fs = std::filesystem;
+using ::zinf::testing::run_logged;
 
 // Absolute, on logits of magnitude up to ~5: LibTorch and transformers sum in their own
 // orders (~1e-6 at fp32); hf_checkpoint_test uses the same margin.
 constexpr double kLogitTolerance = 2e-5;
-
-// Runs `command` with its output in `log`; a failure carrying that output otherwise.
-::testing::AssertionResult run(const std::string& command, const std::string& log) {
-  if (std::system((command + " > '" + log + "' 2>&1").c_str()) == 0) {
-    return ::testing::AssertionSuccess();
-  }
-  std::ifstream in(log);
-  return ::testing::AssertionFailure() << command << " failed:\n"
-                                       << std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 at::Tensor tensor_of(const serialization::SafetensorsReader& reader, const std::string& name,
                      at::ScalarType type) {
@@ -87,21 +79,21 @@ TEST(TransformersInterop, FromPretrainedLoadsZeroToFp32OutputWithZinfsLogits) {
   const std::string zinf = ZINF_BINARY;
 
   // The initial weights: a tiny fp32 Llama folder (vocab 256: the default corpus's bytes).
-  ASSERT_TRUE(run(std::string("/usr/bin/python3 ") + ZINF_HF_SCRIPT + " '" + dir.file("init") +
-                      "' --dtype float32 --seed 3",
-                  dir.file("init.log")));
+  ASSERT_TRUE(run_logged(std::string("/usr/bin/python3 ") + ZINF_HF_SCRIPT + " '" +
+                             dir.file("init") + "' --dtype float32 --seed 3",
+                         dir.file("init.log")));
   // Three steps of the bare run, saved.
-  ASSERT_TRUE(run("'" + zinf + "' train --init-from '" + dir.file("init") +
-                      "' --steps 3 --seq-len 16 --micro-batch 2 --plot '' --nvme-path '" +
-                      dir.path() + "' --save '" + dir.file("ckpt") + "'",
-                  dir.file("train.log")));
+  ASSERT_TRUE(run_logged("'" + zinf + "' train --init-from '" + dir.file("init") +
+                             "' --steps 3 --seq-len 16 --micro-batch 2 --plot '' --nvme-path '" +
+                             dir.path() + "' --save '" + dir.file("ckpt") + "'",
+                         dir.file("train.log")));
   // One safetensors file, and .bin shards of at most 40 kB with pytorch_model.bin.index.json.
-  ASSERT_TRUE(run("'" + zinf + "' zero-to-fp32 -q --safe-serialization '" + dir.file("ckpt") +
-                      "' '" + dir.file("st") + "'",
-                  dir.file("st.log")));
-  ASSERT_TRUE(run("'" + zinf + "' zero-to-fp32 -q --max-shard-size 40KB '" + dir.file("ckpt") +
-                      "' '" + dir.file("bin") + "'",
-                  dir.file("bin.log")));
+  ASSERT_TRUE(run_logged("'" + zinf + "' zero-to-fp32 -q --safe-serialization '" +
+                             dir.file("ckpt") + "' '" + dir.file("st") + "'",
+                         dir.file("st.log")));
+  ASSERT_TRUE(run_logged("'" + zinf + "' zero-to-fp32 -q --max-shard-size 40KB '" +
+                             dir.file("ckpt") + "' '" + dir.file("bin") + "'",
+                         dir.file("bin.log")));
   ASSERT_TRUE(fs::exists(dir.file("bin") + "/pytorch_model.bin.index.json"))
       << "the .bin output is not sharded";
   // zero-to-fp32 writes the weights only, as DeepSpeed's does: the model's config.json comes
@@ -110,10 +102,10 @@ TEST(TransformersInterop, FromPretrainedLoadsZeroToFp32OutputWithZinfsLogits) {
     fs::copy_file(dir.file("init") + "/config.json", dir.file(out) + "/config.json");
   }
 
-  ASSERT_TRUE(run("'" + std::string(ZINF_VENV_PYTHON) + "' " + ZINF_TRANSFORMERS_LOGITS_SCRIPT +
-                      " '" + dir.file("logits.safetensors") + "' '" + dir.file("st") + "' '" +
-                      dir.file("bin") + "'",
-                  dir.file("logits.log")));
+  ASSERT_TRUE(run_logged(
+      "'" + std::string(ZINF_VENV_PYTHON) + "' " + ZINF_TRANSFORMERS_LOGITS_SCRIPT + " '" +
+          dir.file("logits.safetensors") + "' '" + dir.file("st") + "' '" + dir.file("bin") + "'",
+      dir.file("logits.log")));
   const auto expected = serialization::SafetensorsReader::open(dir.file("logits.safetensors"));
   const at::Tensor tokens = tensor_of(expected, "tokens", at::kLong);
   ASSERT_TRUE(tokens.defined());
