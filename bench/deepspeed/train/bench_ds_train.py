@@ -173,14 +173,14 @@ def ds_config(mode, ranks, args, nvme_path, largest_param, csv_dir):
 
 def tree(root):
     """root and its descendants (via /proc/PID/task/*/children)."""
-    pids, todo = [], [root]
-    while todo:
-        pid = todo.pop()
+    pids, pending = [], [root]
+    while pending:
+        pid = pending.pop()
         pids.append(pid)
         try:
             for task in os.listdir(f"/proc/{pid}/task"):
                 with open(f"/proc/{pid}/task/{task}/children") as f:
-                    todo.extend(int(c) for c in f.read().split())
+                    pending.extend(int(c) for c in f.read().split())
         except OSError:
             pass
     return pids
