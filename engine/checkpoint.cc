@@ -21,6 +21,7 @@
 #include <deque>
 #include <filesystem>
 #include <future>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <regex>
@@ -510,48 +511,128 @@ uint64_t stream_out(offload::OptimizerSwapper& sw, OptimizerState state,
   return bytes;
 }
 
-// Fills partition array `state` from the archive's unit tensors, sub-group by sub-group. The
-// next sub-group is read from `file` through `io` (the run's aio settings: O_DIRECT, several
-// requests in flight; a cold file's pages come much faster so than through the mapping's
-// page faults) on another thread while this one is written to the swapper, so a load runs at
-// the slower of reading and writing rather than their sum. Each record's CRC-32 is checked as its
-// bytes go by: a record that fails it stops the load with an error naming the file, the record and
-// its offset (the sub-groups before it are restored by then, so the engine's states are partly the
-// checkpoint's: load another before training on).
+// Where this rank's partition lies in a checkpoint's unit tensors: partition elements
+// [pos, pos + n) are elements [at, at + n) of saved unit `unit`. Sorted by pos; the sources
+// tile the partition. For a checkpoint of this run's own layout they are its units; for one
+// whose parameters are in another order (zinf's Llama before it took transformers' order) or
+// whose stage-3 sub-groups are cut elsewhere (DeepSpeed's, or another sub_group_size) each
+// parameter's slice is found by its name.
+struct Source {
+  uint64_t pos = 0;
+  uint64_t n = 0;
+  size_t unit = 0;
+  uint64_t at = 0;
+};
+
+// `saved_index[p]`: the position in the checkpoint's param_shapes of this run's trainable
+// parameter p (layout order); `saved` the checkpoint's layout of those parameters, for this
+// rank; `saved_units` its unit tensors (offsets into the saved partition, tiling it).
+std::vector<Source> map_sources(const zero::PartitionLayout& mine,
+                                const std::vector<size_t>& saved_index,
+                                const zero::PartitionLayout& saved,
+                                const std::vector<Unit>& saved_units) {
+  std::vector<Source> out;
+  for (size_t p = 0; p < mine.param_count(); ++p) {
+    const zero::ParamSlice& s = mine.slice(p);
+    uint64_t pos = s.partition_offset;
+    uint64_t from = saved.slice(saved_index[p]).partition_offset;
+    uint64_t left = s.slice_numel;
+    while (left > 0) {
+      auto u = std::upper_bound(saved_units.begin(), saved_units.end(), from,
+                                [](uint64_t at, const Unit& x) { return at < x.offset + x.numel; });
+      if (u == saved_units.end()) break;  // checked by the caller: the units cover the slices
+      const uint64_t n = std::min(left, u->offset + u->numel - from);
+      const auto unit = static_cast<size_t>(u - saved_units.begin());
+      Source next{pos, n, unit, from - u->offset};
+      if (!out.empty() && out.back().unit == unit && out.back().at + out.back().n == next.at &&
+          out.back().pos + out.back().n == pos) {
+        out.back().n += n;  // contiguous in both: one piece
+      } else {
+        out.push_back(next);
+      }
+      pos += n;
+      from += n;
+      left -= n;
+    }
+  }
+  return out;
+}
+
+// Calls fn(source, pos, n) for each piece of sub-group `g` that one source covers: partition
+// elements [pos, pos + n), in order.
+template <typename Fn>
+void for_each_source(const zero::SubGroupRange& g, const std::vector<Source>& sources, Fn&& fn) {
+  const uint64_t end = g.offset + g.numel;
+  auto s = std::upper_bound(sources.begin(), sources.end(), g.offset,
+                            [](uint64_t at, const Source& x) { return at < x.pos + x.n; });
+  for (uint64_t pos = g.offset; pos < end && s != sources.end(); ++s) {
+    const uint64_t n = std::min(end, s->pos + s->n) - pos;
+    fn(*s, pos, n);
+    pos += n;
+  }
+}
+
+// Fills partition array `state` from the archive's unit tensors, sub-group by sub-group,
+// each piece from where `sources` finds it. The next sub-group is read from `file` through
+// `io` (the run's aio settings: O_DIRECT, several requests in flight; a cold file's pages
+// come much faster so than through the mapping's page faults) on another thread while this
+// one is written to the swapper, so a load runs at the slower of reading and writing rather
+// than their sum. Each record's CRC-32 is checked: as its bytes go by where the pieces of
+// every unit arrive in order from its start (a checkpoint of this run's order), else the
+// records are read once whole before the load. A record that fails it stops the load with an
+// error naming the file, the record and its offset (the sub-groups before it are restored by
+// then, so the engine's states are partly the checkpoint's: load another before training on).
 void stream_in(offload::OptimizerSwapper& sw, OptimizerState state,
-               const zero::PartitionLayout& layout, const std::vector<Unit>& units,
+               const zero::PartitionLayout& layout, const std::vector<Source>& sources,
                const std::vector<const ser::TensorRef*>& refs, const ser::TorchArchive& archive,
                const std::string& file, aio::AioHandle& io, AlignedFloats (&buffers)[2]) {
-  std::vector<ser::TorchArchive::StorageRecord> records(units.size());
-  for (size_t u = 0; u < units.size(); ++u) {
-    records[u] = archive.storage_record(refs[u]->storage);
+  std::vector<ser::TorchArchive::StorageRecord> records(refs.size());
+  for (size_t u = 0; u < refs.size(); ++u) records[u] = archive.storage_record(refs[u]->storage);
+  auto corrupt = [&](const ser::TorchArchive::StorageRecord& r, uint32_t crc) {
+    return ser::SerializationError(
+        file, r.data_offset,
+        fmt::format(
+            "record {} fails its CRC-32 (recorded {:08x}, data {:08x}): the file is corrupt",
+            r.name, r.crc32, crc));
+  };
+  // Where each unit's last piece ends, and whether every unit's pieces follow each other
+  // from its first element in the order the load reads them.
+  std::vector<uint64_t> last_end(refs.size(), 0);
+  std::vector<uint64_t> next_at(refs.size(), 0);
+  bool in_order = true;
+  for (const Source& s : sources) {
+    in_order = in_order && s.at == next_at[s.unit];
+    next_at[s.unit] = s.at + s.n;
+    last_end[s.unit] = std::max(last_end[s.unit], s.at + s.n);
   }
+  for (size_t u = 0; u < refs.size(); ++u) in_order = in_order && last_end[u] > 0;
+  if (!in_order) {
+    for (const ser::TorchArchive::StorageRecord& r : records) {
+      if (const uint32_t crc = ser::crc32_update(0, r.bytes); crc != r.crc32) throw corrupt(r, crc);
+    }
+  }
+  std::vector<uint32_t> crc(refs.size(), 0);  // of each unit's bytes so far
   const auto& groups = layout.sub_groups();
-  uint32_t crc = 0;  // of the current unit's bytes so far
   auto gather = [&](size_t g) {
     float* b = buffers[g % 2].resize(groups[g].numel);
-    for_each_piece(groups[g], units, [&](size_t u, uint64_t pos, uint64_t n) {
+    for_each_source(groups[g], sources, [&](const Source& s, uint64_t pos, uint64_t n) {
       (void)io.async_pread(b + (pos - groups[g].offset), n * sizeof(float), file,
-                           records[u].data_offset + (pos - units[u].offset) * sizeof(float));
+                           records[s.unit].data_offset + (s.at + pos - s.pos) * sizeof(float));
     });
     io.wait();
-    for_each_piece(groups[g], units, [&](size_t u, uint64_t pos, uint64_t n) {
+    if (!in_order) return;
+    for_each_source(groups[g], sources, [&](const Source& s, uint64_t pos, uint64_t n) {
       const float* got = b + (pos - groups[g].offset);
-      crc = ser::crc32_update(
-          crc, {reinterpret_cast<const uint8_t*>(got), static_cast<size_t>(n * sizeof(float))});
-      if (pos + n != units[u].offset + units[u].numel) return;  // not the unit's last piece
+      const size_t u = s.unit;
+      crc[u] = ser::crc32_update(
+          crc[u], {reinterpret_cast<const uint8_t*>(got), static_cast<size_t>(n * sizeof(float))});
+      const uint64_t end = s.at + pos - s.pos + n;
+      if (end != last_end[u]) return;  // not the unit's last piece
       const ser::TorchArchive::StorageRecord& r = records[u];
-      if (r.bytes.size() > units[u].numel * sizeof(float)) {  // bytes past the elements
-        crc = ser::crc32_update(crc, r.bytes.subspan(units[u].numel * sizeof(float)));
+      if (r.bytes.size() > end * sizeof(float)) {  // bytes past the pieces (padding)
+        crc[u] = ser::crc32_update(crc[u], r.bytes.subspan(end * sizeof(float)));
       }
-      if (crc != r.crc32) {
-        throw ser::SerializationError(
-            file, r.data_offset,
-            fmt::format(
-                "record {} fails its CRC-32 (recorded {:08x}, data {:08x}): the file is corrupt",
-                r.name, r.crc32, crc));
-      }
-      crc = 0;
+      if (crc[u] != r.crc32) throw corrupt(r, crc[u]);
     });
   };
   std::future<void> next;
@@ -1374,7 +1455,6 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
   const zero::PartitionLayout& layout = view.layout;
   offload::OptimizerSwapper& sw = view.swapper;
   const std::vector<StateName>& states = view.states;
-  const std::vector<Unit>& units = view.units;
   const std::vector<const zero::ZeroModel::Param*>& trainable = view.trainable;
 
   // ---- the model-states file: does the checkpoint fit this run? ------------------------------
@@ -1404,53 +1484,106 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
         "world size is not supported (consolidate with zinf zero-to-fp32 instead)",
         model_file, saved_world, world));
   }
+  // zinf's files carry a `zinf` record (stage, optimizer, applied steps, RNG states). A
+  // checkpoint DeepSpeed wrote has none: its stage is in the optimizer-states file (as its
+  // ZeroStageEnum), its optimizer in ds_config, and it has no RNG state of zinf's.
   const PickleValue* z = m.find("zinf");
-  const int64_t saved_stage = z != nullptr ? z->at("zero_stage").as_int() : -1;
-  if (saved_stage != stage) {
-    throw EngineError(fmt::format("{}: saved at ZeRO stage {}, this run is stage {}", model_file,
-                                  saved_stage, stage));
+  const bool deepspeed = z == nullptr;
+  if (deepspeed) {
+    const PickleValue* version = m.find("ds_version");
+    if (version == nullptr) {
+      throw EngineError(fmt::format(
+          "{}: neither zinf's nor DeepSpeed's model-states file (no zinf record, no ds_version)",
+          model_file));
+    }
+    if (stage != 3) {
+      throw EngineError(fmt::format(
+          "{}: written by DeepSpeed {}, whose checkpoints zinf loads at ZeRO stage 3 only (its "
+          "stages 0-2 cut the partitions from the flattened groups, zinf's per parameter); this "
+          "run is stage {}: consolidate it with zinf zero-to-fp32 and start from that with "
+          "--init-from (the optimizer's states are then not carried over)",
+          model_file, version->is(PickleValue::Kind::kString) ? version->as_string() : "?",
+          stage));
+    }
+    const PickleValue* ds_config = m.find("ds_config");
+    const PickleValue* optimizer =
+        ds_config != nullptr && ds_config->is(PickleValue::Kind::kDict)
+            ? ds_config->find("optimizer")
+            : nullptr;
+    const PickleValue* type = optimizer != nullptr && optimizer->is(PickleValue::Kind::kDict)
+                                  ? optimizer->find("type")
+                                  : nullptr;
+    if (type == nullptr || !type->is(PickleValue::Kind::kString)) {
+      throw EngineError(fmt::format(
+          "{}: its ds_config names no optimizer (ds_config.optimizer.type): zinf cannot tell "
+          "whether its states are this run's {}",
+          model_file, lower(options_.optimizer.type)));
+    }
+    if (lower(type->as_string()) != lower(options_.optimizer.type)) {
+      throw EngineError(fmt::format("{}: saved with optimizer {} (ds_config), this run uses {}",
+                                    model_file, lower(type->as_string()),
+                                    lower(options_.optimizer.type)));
+    }
+  } else {
+    const int64_t saved_stage = z->at("zero_stage").as_int();
+    if (saved_stage != stage) {
+      throw EngineError(fmt::format("{}: saved at ZeRO stage {}, this run is stage {}", model_file,
+                                    saved_stage, stage));
+    }
+    const std::string saved_optimizer = z->at("optimizer").as_string();
+    if (saved_optimizer != lower(options_.optimizer.type)) {
+      throw EngineError(fmt::format("{}: saved with optimizer {}, this run uses {}", model_file,
+                                    saved_optimizer, lower(options_.optimizer.type)));
+    }
   }
-  const std::string saved_optimizer = z->at("optimizer").as_string();
-  if (saved_optimizer != lower(options_.optimizer.type)) {
-    throw EngineError(fmt::format("{}: saved with optimizer {}, this run uses {}", model_file,
-                                  saved_optimizer, lower(options_.optimizer.type)));
-  }
+  // The checkpoint's trainable parameters, matched to this run's by name: saved_index[p] is
+  // where this run's parameter p (layout order) is in param_shapes.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> saved_shapes;
+  std::vector<size_t> saved_index(trainable.size());
   {
-    std::vector<std::pair<std::string, std::vector<int64_t>>> saved;
-    collect_shapes(m.at("param_shapes"), saved);
+    collect_shapes(m.at("param_shapes"), saved_shapes);
     std::vector<std::pair<std::string, std::vector<int64_t>>> frozen_saved;
-    collect_shapes(m.at("frozen_param_shapes"), frozen_saved);
+    if (const PickleValue* f = m.find("frozen_param_shapes")) collect_shapes(*f, frozen_saved);
     std::vector<std::pair<std::string, std::vector<int64_t>>> mine, frozen_mine;
     for (const auto* p : trainable) mine.emplace_back(p->name, p->shape);
     for (const auto& p : params) {
       if (!p.trainable) frozen_mine.emplace_back(p.name, p.shape);
     }
-    auto compare = [&](const auto& a, const auto& b, const char* what) {
-      for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
-        if (i >= a.size()) {
-          throw EngineError(
-              fmt::format("{}: the model's {} parameter \"{}\" is not in the checkpoint",
-                          model_file, what, b[i].first));
-        }
-        if (i >= b.size()) {
-          throw EngineError(
-              fmt::format("{}: the checkpoint's {} parameter \"{}\" is not in the model",
-                          model_file, what, a[i].first));
-        }
-        if (a[i].first != b[i].first) {
-          throw EngineError(
-              fmt::format("{}: {} parameter {} is \"{}\" in the checkpoint, \"{}\" in the model",
-                          model_file, what, i, a[i].first, b[i].first));
-        }
-        if (a[i].second != b[i].second) {
-          throw EngineError(fmt::format(
-              "{}: parameter \"{}\" has shape {} in the checkpoint, {} in the model", model_file,
-              a[i].first, shape_text(a[i].second), shape_text(b[i].second)));
+    // Index of each name of `a` in `b`, or an error naming what is missing or differs.
+    auto match = [&](const auto& a, const auto& b, const char* what) {
+      std::map<std::string, size_t> at;
+      for (size_t i = 0; i < b.size(); ++i) {
+        if (!at.emplace(b[i].first, i).second) {
+          throw EngineError(fmt::format("{}: the checkpoint names {} parameter \"{}\" twice",
+                                        model_file, what, b[i].first));
         }
       }
+      std::vector<size_t> index;
+      for (const auto& [name, shape] : a) {
+        const auto it = at.find(name);
+        if (it == at.end()) {
+          throw EngineError(fmt::format(
+              "{}: the model's {} parameter \"{}\" is not in the checkpoint", model_file, what,
+              name));
+        }
+        if (b[it->second].second != shape) {
+          throw EngineError(fmt::format(
+              "{}: parameter \"{}\" has shape {} in the checkpoint, {} in the model", model_file,
+              name, shape_text(b[it->second].second), shape_text(shape)));
+        }
+        index.push_back(it->second);
+      }
+      if (b.size() > a.size()) {
+        std::vector<bool> used(b.size(), false);
+        for (size_t i : index) used[i] = true;
+        const auto spare = std::find(used.begin(), used.end(), false) - used.begin();
+        throw EngineError(fmt::format("{}: the checkpoint's {} parameter \"{}\" is not in the model",
+                                      model_file, what, b[static_cast<size_t>(spare)].first));
+      }
+      return index;
     };
-    compare(saved, mine, "trainable");
-    compare(frozen_saved, frozen_mine, "frozen");
+    saved_index = match(mine, saved_shapes, "trainable");
+    (void)match(frozen_mine, frozen_saved, "frozen");
   }
 
   // ---- the optimizer states --------------------------------------------------------------------
@@ -1460,7 +1593,10 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
   if (stage == 0) {
     inner = &m.at("optimizer");
   } else {
-    const fs::path path = folder / optim_states_file(rank, bf16);
+    fs::path path = folder / optim_states_file(rank, bf16);
+    if (deepspeed && !fs::exists(path, ec)) {
+      path = folder / optim_states_file(rank, !bf16);  // DeepSpeed's stage 3 has no bf16_ names
+    }
     optim_file = path.string();
     if (!fs::exists(path, ec)) {
       throw EngineError(fmt::format("checkpoint {}: {} is missing{}", folder.string(),
@@ -1473,45 +1609,81 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
     inner = &optim_archive->root().at("optimizer_state_dict");
   }
   const ser::TorchArchive& archive = stage == 0 ? model_archive : *optim_archive;
-  if (inner->at("zero_stage").as_int() != stage) {
-    throw EngineError(fmt::format("{}: zero_stage {}, this run is stage {}", optim_file,
-                                  inner->at("zero_stage").as_int(), stage));
+  // An int, or DeepSpeed's ZeroStageEnum(n).
+  const PickleValue& saved_zero_stage = inner->at("zero_stage");
+  const int64_t inner_stage =
+      saved_zero_stage.is(PickleValue::Kind::kObject) && saved_zero_stage.args().size() == 1
+          ? saved_zero_stage.args().items()[0]->as_int()
+          : saved_zero_stage.as_int();
+  if (inner_stage != stage) {
+    throw EngineError(
+        fmt::format("{}: zero_stage {}, this run is stage {}", optim_file, inner_stage, stage));
   }
   const PickleValue& torch_state =
       inner->at(stage == 3 ? "optimizer_state_dict" : "base_optimizer_state");
   const PickleValue& groups = torch_state.at("param_groups");
-  if (groups.size() < 1 ||
-      groups.items()[0]->at("zinf_optimizer").as_string() != lower(options_.optimizer.type)) {
+  if (!deepspeed &&
+      (groups.size() < 1 ||
+       groups.items()[0]->at("zinf_optimizer").as_string() != lower(options_.optimizer.type))) {
     throw EngineError(fmt::format("{}: the optimizer state is not of this run's optimizer {}",
                                   optim_file, lower(options_.optimizer.type)));
   }
   std::vector<std::vector<const ser::TensorRef*>> refs(1 + states.size());
-  const PickleValue& flat =
-      inner->at(stage == 3 ? "fp32_flat_groups" : "single_partition_of_fp32_groups");
-  for (const PickleValue* t : flat.items()) refs[0].push_back(&t->tensor());
-  check_units(refs[0], units, optim_file,
-              stage == 3 ? "fp32_flat_groups" : "single_partition_of_fp32_groups");
+  const char* flat_name = stage == 3 ? "fp32_flat_groups" : "single_partition_of_fp32_groups";
+  for (const PickleValue* t : inner->at(flat_name).items()) refs[0].push_back(&t->tensor());
+  // The checkpoint's partition of this rank: its parameters in param_shapes order, and its
+  // unit tensors — at stage 3 the sub-groups it was cut into (their sizes are the file's),
+  // below it one per parameter slice.
+  std::vector<uint64_t> saved_numels;
+  for (const auto& [name, shape] : saved_shapes) {
+    uint64_t n = 1;
+    for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+    saved_numels.push_back(n);
+  }
+  const zero::PartitionLayout saved_layout(saved_numels, layout.world_size(), layout.rank(),
+                                           layout.partition_numel() + 1);
+  std::vector<Unit> saved_units;
+  if (stage == 3) {
+    uint64_t offset = 0;
+    for (const ser::TensorRef* r : refs[0]) {
+      const auto numel = static_cast<uint64_t>(std::max<int64_t>(r->storage.numel, 0));
+      saved_units.push_back({offset, numel, numel});
+      offset += numel;
+    }
+    if (offset < saved_layout.partition_numel()) {
+      throw EngineError(fmt::format(
+          "{}: {} holds {} elements; the parameters of param_shapes need {} on rank {}",
+          optim_file, flat_name, offset, saved_layout.partition_numel(), rank));
+    }
+  } else {
+    saved_units = partition_units(saved_layout, stage);
+  }
+  check_units(refs[0], saved_units, optim_file, flat_name);
   const PickleValue& st = torch_state.at("state");
   for (size_t a = 0; a < states.size(); ++a) {
-    for (size_t u = 0; u < units.size(); ++u) {
+    for (size_t u = 0; u < saved_units.size(); ++u) {
       refs[1 + a].push_back(&state_tensor(st, static_cast<int64_t>(u), states[a].name, optim_file));
     }
-    check_units(refs[1 + a], units, optim_file, states[a].name);
+    check_units(refs[1 + a], saved_units, optim_file, states[a].name);
   }
+  const std::vector<Source> sources = map_sources(layout, saved_index, saved_layout, saved_units);
 
   // ---- restore ----------------------------------------------------------------------------------
   AlignedFloats buffers[2];
   const std::string& archive_file = stage == 0 ? model_file : optim_file;
   aio::AioHandle io(options_.zero.aio);
-  stream_in(sw, OptimizerState::kParams, layout, units, refs[0], archive, archive_file, io,
+  stream_in(sw, OptimizerState::kParams, layout, sources, refs[0], archive, archive_file, io,
             buffers);
   for (size_t a = 0; a < states.size(); ++a) {
-    stream_in(sw, states[a].state, layout, units, refs[1 + a], archive, archive_file, io, buffers);
+    stream_in(sw, states[a].state, layout, sources, refs[1 + a], archive, archive_file, io,
+              buffers);
   }
   model_->refresh_from_master();
 
   // Frozen parameters: whole at stages 0-2, this rank's fragment at stage 3.
-  if (const PickleValue& fragments = m.at("frozen_param_fragments"); !fragments.is_none()) {
+  if (const PickleValue* found = m.find("frozen_param_fragments");
+      found != nullptr && !found->is_none()) {
+    const PickleValue& fragments = *found;
     torch::NoGradGuard no_grad;
     for (const auto& p : params) {
       if (p.trainable) continue;
@@ -1539,7 +1711,8 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
   global_steps_ = m.at("global_steps").as_int();
   global_samples_ = m.at("global_samples").as_int();
   skipped_steps_ = m.at("skipped_steps").as_int();
-  applied_steps_ = z->at("applied_steps").as_int();
+  // DeepSpeed counts the steps its optimizer skipped (fp16 overflows) among global_steps.
+  applied_steps_ = deepspeed ? global_steps_ - skipped_steps_ : z->at("applied_steps").as_int();
   {
     // DeepSpeed's scaler object (its attributes in BUILD's state; a static LossScaler has
     // only cur_scale and dynamic), or the dict zinf wrote before it wrote that object.
@@ -1557,7 +1730,7 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
     s.hysteresis_left = static_cast<int>(int_or("cur_hysteresis", 1));
     scaler_.restore(s);
   }
-  {
+  if (!deepspeed) {  // DeepSpeed's files hold no RNG state: the generator goes on as it is
     const ser::TensorRef& ref = z->at("rng_state").tensor();
     const auto bytes = model_archive.tensor_bytes(ref);
     at::Tensor state = at::from_blob(const_cast<uint8_t*>(bytes.data()), {ref.numel()},
@@ -1567,7 +1740,7 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(state);
   }
-  if (const ser::PickleValue* device_rng = z->find("device_rng_state");
+  if (const ser::PickleValue* device_rng = deepspeed ? nullptr : z->find("device_rng_state");
       device_rng != nullptr && !device_.is_cpu()) {
     const ser::TensorRef& ref = device_rng->tensor();
     const auto bytes = model_archive.tensor_bytes(ref);

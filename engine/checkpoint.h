@@ -23,6 +23,14 @@
 // partition records as it updates the sub-groups, in sub-group order; the save adds the
 // pickle. Loads check every partition record's CRC-32.
 //
+// Loading finds each trainable parameter's slice by its name in param_shapes, so a checkpoint
+// whose parameters are in another order (zinf's Llama before it took transformers' order) or
+// whose stage-3 sub-groups are cut elsewhere (another sub_group_size) loads all the same. A
+// stage-3 checkpoint DeepSpeed wrote loads too: it has no `zinf` record, so the stage comes
+// from its optimizer file's ZeroStageEnum, the optimizer from ds_config, the applied steps
+// are global_steps - skipped_steps, and the RNG is left as it is (DeepSpeed saves none).
+// DeepSpeed's stages 0-2 cut partitions from the flattened groups, not per parameter: refused.
+//
 // Crash safety: a save writes into `<dir>/.<tag>.partial` (every file written under a
 // temporary name, fsynced and renamed by serialization's AtomicFile), the ranks meet at a
 // barrier, then rank 0 fsyncs the folder, puts it in place of `<dir>/<tag>` (an atomic

@@ -200,7 +200,8 @@ class Engine {
   bool prepare_checkpoint(const std::string& dir, const std::string& tag = {});
   // Collective, at a step boundary: restores the checkpoint `tag` (default: `dir`/latest) —
   // weights, optimizer states, LR schedule position, loss scale, step counters, RNG state —
-  // and returns its client state. Refuses a checkpoint of another world size, stage, model
+  // and returns its client state; a DeepSpeed stage-3 checkpoint too (engine/checkpoint.h).
+  // Parameters are matched by name. Refuses a checkpoint of another world size, stage, model
   // or optimizer (EngineError naming the file and the difference). Checks the CRC-32 of
   // every partition record as it restores it: a corrupt one fails the load naming the file,
   // record and offset, with the states restored so far left in place (load another

@@ -126,14 +126,14 @@ std::vector<LlamaParameterShape> llama_parameter_shapes(const LlamaConfig& c) {
   add("model.embed_tokens.weight", {c.vocab_size, h}, false);
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
-    add(p + "input_layernorm.weight", {h}, true);
     for (const char* proj : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
       add(p + "self_attn." + proj + ".weight", {h, h}, true);
     }
-    add(p + "post_attention_layernorm.weight", {h}, true);
     add(p + "mlp.gate_proj.weight", {inter, h}, true);
     add(p + "mlp.up_proj.weight", {inter, h}, true);
     add(p + "mlp.down_proj.weight", {h, inter}, true);
+    add(p + "input_layernorm.weight", {h}, true);
+    add(p + "post_attention_layernorm.weight", {h}, true);
   }
   add("model.norm.weight", {h}, false);
   if (!c.tie_embeddings) add("lm_head.weight", {c.vocab_size, h}, false);
@@ -240,13 +240,16 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   return down_proj(portable_silu(gate_proj(x)) * up_proj(x));
 }
 
+// Registered in transformers' LlamaDecoderLayer order (attention, MLP, then the two norms):
+// the order of parameters() is the order of the flat partitions in a checkpoint, which
+// DeepSpeed fills from a model's parameters() in that order.
 DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& c) {
+  self_attn = register_module("self_attn", Attention(c));
+  mlp = register_module("mlp", Mlp(c));
   input_layernorm =
       register_module("input_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps, c.dtype));
-  self_attn = register_module("self_attn", Attention(c));
   post_attention_layernorm =
       register_module("post_attention_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps, c.dtype));
-  mlp = register_module("mlp", Mlp(c));
 }
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x) {
