@@ -549,10 +549,18 @@ int run_train(const TrainArgs& args) {
     if (!args.load.empty()) {
       const engine::CheckpointReport r = eng.load_checkpoint(args.load, args.tag);
       const auto position = r.client_state.find("data_position");
+      step = eng.global_steps();
       if (position != r.client_state.end()) {
         loader.seek(std::get<int64_t>(position->second));
+      } else {
+        // A checkpoint another program wrote (DeepSpeed's engine.save_checkpoint): its
+        // global_samples is where the same sample order stands after its steps.
+        loader.seek(eng.global_samples());
+        say(fmt::format(
+            "checkpoint {} holds no data position (zinf train writes one): the data goes on at "
+            "sample {}, its global_samples",
+            r.path, eng.global_samples()));
       }
-      step = eng.global_steps();
       say(fmt::format("checkpoint loaded: {} (step {}; {} in {:.2f} s, {:.2f} GB/s)", r.path, step,
                       engine::format_bytes(r.bytes), r.seconds, r.gb_per_second()));
       if (step >= steps) {

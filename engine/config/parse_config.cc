@@ -81,6 +81,9 @@ int OptimizerConfig::states_per_param() const noexcept {
 namespace {
 
 constexpr double kMaxDouble = std::numeric_limits<double>::max();
+// DeepSpeed's value for an absent "gradient_clipping" since its 0.19 releases (constants.py
+// GRADIENT_CLIPPING_DEFAULT; before, 0 = off): a config means the same under both.
+constexpr double kDeepSpeedGradientClipping = 1.0;
 constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
 
 // ---- batch and top-level scalars --------------------------------------------------------------
@@ -116,7 +119,7 @@ void parse_batch(JsonBlock& top, RunConfig& c) {
 
 void parse_top_scalars(JsonBlock& top, RunConfig& c) {
   if (!top.take_auto("gradient_clipping")) {
-    c.zero.gradient_clipping = top.number("gradient_clipping", 0.0, 0.0, kMaxDouble);
+    c.zero.gradient_clipping = top.number("gradient_clipping", kDeepSpeedGradientClipping, 0.0, kMaxDouble);
   }
   c.steps_per_print = static_cast<int>(
       top.integer("steps_per_print", c.steps_per_print, 1, std::numeric_limits<int>::max()));
