@@ -1502,14 +1502,12 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
           "stages 0-2 cut the partitions from the flattened groups, zinf's per parameter); this "
           "run is stage {}: consolidate it with zinf zero-to-fp32 and start from that with "
           "--init-from (the optimizer's states are then not carried over)",
-          model_file, version->is(PickleValue::Kind::kString) ? version->as_string() : "?",
-          stage));
+          model_file, version->is(PickleValue::Kind::kString) ? version->as_string() : "?", stage));
     }
     const PickleValue* ds_config = m.find("ds_config");
-    const PickleValue* optimizer =
-        ds_config != nullptr && ds_config->is(PickleValue::Kind::kDict)
-            ? ds_config->find("optimizer")
-            : nullptr;
+    const PickleValue* optimizer = ds_config != nullptr && ds_config->is(PickleValue::Kind::kDict)
+                                       ? ds_config->find("optimizer")
+                                       : nullptr;
     const PickleValue* type = optimizer != nullptr && optimizer->is(PickleValue::Kind::kDict)
                                   ? optimizer->find("type")
                                   : nullptr;
@@ -1562,14 +1560,14 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
       for (const auto& [name, shape] : a) {
         const auto it = at.find(name);
         if (it == at.end()) {
-          throw EngineError(fmt::format(
-              "{}: the model's {} parameter \"{}\" is not in the checkpoint", model_file, what,
-              name));
+          throw EngineError(
+              fmt::format("{}: the model's {} parameter \"{}\" is not in the checkpoint",
+                          model_file, what, name));
         }
         if (b[it->second].second != shape) {
-          throw EngineError(fmt::format(
-              "{}: parameter \"{}\" has shape {} in the checkpoint, {} in the model", model_file,
-              name, shape_text(b[it->second].second), shape_text(shape)));
+          throw EngineError(
+              fmt::format("{}: parameter \"{}\" has shape {} in the checkpoint, {} in the model",
+                          model_file, name, shape_text(b[it->second].second), shape_text(shape)));
         }
         index.push_back(it->second);
       }
@@ -1577,8 +1575,9 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
         std::vector<bool> used(b.size(), false);
         for (size_t i : index) used[i] = true;
         const auto spare = std::find(used.begin(), used.end(), false) - used.begin();
-        throw EngineError(fmt::format("{}: the checkpoint's {} parameter \"{}\" is not in the model",
-                                      model_file, what, b[static_cast<size_t>(spare)].first));
+        throw EngineError(
+            fmt::format("{}: the checkpoint's {} parameter \"{}\" is not in the model", model_file,
+                        what, b[static_cast<size_t>(spare)].first));
       }
       return index;
     };
@@ -1622,9 +1621,8 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
   const PickleValue& torch_state =
       inner->at(stage == 3 ? "optimizer_state_dict" : "base_optimizer_state");
   const PickleValue& groups = torch_state.at("param_groups");
-  if (!deepspeed &&
-      (groups.size() < 1 ||
-       groups.items()[0]->at("zinf_optimizer").as_string() != lower(options_.optimizer.type))) {
+  if (!deepspeed && (groups.size() < 1 || groups.items()[0]->at("zinf_optimizer").as_string() !=
+                                              lower(options_.optimizer.type))) {
     throw EngineError(fmt::format("{}: the optimizer state is not of this run's optimizer {}",
                                   optim_file, lower(options_.optimizer.type)));
   }
@@ -1651,9 +1649,9 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
       offset += numel;
     }
     if (offset < saved_layout.partition_numel()) {
-      throw EngineError(fmt::format(
-          "{}: {} holds {} elements; the parameters of param_shapes need {} on rank {}",
-          optim_file, flat_name, offset, saved_layout.partition_numel(), rank));
+      throw EngineError(
+          fmt::format("{}: {} holds {} elements; the parameters of param_shapes need {} on rank {}",
+                      optim_file, flat_name, offset, saved_layout.partition_numel(), rank));
     }
   } else {
     saved_units = partition_units(saved_layout, stage);

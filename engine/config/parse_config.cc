@@ -119,7 +119,8 @@ void parse_batch(JsonBlock& top, RunConfig& c) {
 
 void parse_top_scalars(JsonBlock& top, RunConfig& c) {
   if (!top.take_auto("gradient_clipping")) {
-    c.zero.gradient_clipping = top.number("gradient_clipping", kDeepSpeedGradientClipping, 0.0, kMaxDouble);
+    c.zero.gradient_clipping =
+        top.number("gradient_clipping", kDeepSpeedGradientClipping, 0.0, kMaxDouble);
   }
   c.steps_per_print = static_cast<int>(
       top.integer("steps_per_print", c.steps_per_print, 1, std::numeric_limits<int>::max()));

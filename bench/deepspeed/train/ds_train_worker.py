@@ -5,7 +5,7 @@ Llama folder on a pre-tokenized file, on exactly the samples `zinf train` takes,
 Run by the driver (directly for one rank, under torchrun for several), with DS_ACCELERATOR=cpu:
 
     ds_train_worker.py --model DIR --config ds_config.json --data tokens.u16 \\
-        --seq-len L --steps N [--seed S] [--save DIR]
+        --seq-len L --steps N [--seed S] [--load DIR] [--save DIR]
 
 Each rank loads the folder with LlamaForCausalLM.from_pretrained (fp32), hands it to
 deepspeed.initialize with the config, and for each step runs gradient_accumulation_steps
@@ -21,6 +21,10 @@ file holds size // (L + 1) samples of L + 1 consecutive tokens; epoch e's order 
 Fisher-Yates shuffle of all of them driven by SplitMix64 seeded with seed + e, cut to a
 multiple of the world size; each micro-batch row of rank r is the entry at cursor + r, the
 cursor then moving on by the world size.
+
+--load DIR resumes from a checkpoint in DIR (DeepSpeed's engine.load_checkpoint, of its
+`latest`; zinf's checkpoints too): the sampler skips the global_steps steps it holds, and the
+run trains steps global_steps + 1 .. N.
 """
 import argparse
 import json
@@ -107,6 +111,7 @@ def main():
     ap.add_argument("--seq-len", type=int, required=True)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--seed", type=int, default=1234, help="zinf train's --seed (the data order)")
+    ap.add_argument("--load", default="", help="engine.load_checkpoint from here (its latest) first")
     ap.add_argument("--save", default="", help="engine.save_checkpoint here after the last step")
     args = ap.parse_args()
 
@@ -134,7 +139,18 @@ def main():
               f"basic {type(getattr(engine, 'basic_optimizer', None)).__name__} "
               f"threads {torch.get_num_threads()} world {world}", flush=True)
 
-    for step in range(1, args.steps + 1):
+    first = 1
+    if args.load:
+        path, _ = engine.load_checkpoint(args.load)
+        if path is None:
+            raise SystemExit(f"ds_train_worker: no checkpoint loaded from {args.load}")
+        first = engine.global_steps + 1
+        for _ in range((first - 1) * accumulation):
+            sampler.next(micro)  # the samples of the steps the checkpoint holds
+        if rank == 0:
+            print(f"ds-loaded {path} global_steps {engine.global_steps}", flush=True)
+
+    for step in range(first, args.steps + 1):
         start = time.perf_counter()
         loss_sum = 0.0
         for _ in range(accumulation):
