@@ -84,14 +84,15 @@ std::vector<std::pair<int, double>> ds_losses(const std::string& log) {
   return out;
 }
 
-void expect_near_relative(double got, double want, const std::string& what) {
-  EXPECT_NEAR(got, want, kLossTolerance * std::abs(want)) << what;
-  std::cout << std::setprecision(9) << "LOSS " << what << ": " << got << " vs uninterrupted zinf "
-            << want << " (relative difference " << std::abs(got - want) / std::abs(want) << ")\n";
-}
+// One way of running both sides.
+struct Case {
+  int ranks = 1;
+  bool bf16 = false;
+  bool zinf_on_nvme = false;  // zinf's params and optimizer on NVMe (DeepSpeed's config: none)
+  double tolerance = kLossTolerance;
+};
 
-TEST(DeepSpeedInterop, EachResumesFromTheOthersCheckpointWithTheUninterruptedLosses) {
-  if (const std::string why = missing_environment(); !why.empty()) GTEST_SKIP() << why;
+void resume_both_ways(const Case& c) {
   ::zinf::testing::TempDir dir;
   const std::string zinf = std::string("'") + ZINF_BINARY + "'";
 
@@ -108,37 +109,65 @@ TEST(DeepSpeedInterop, EachResumesFromTheOthersCheckpointWithTheUninterruptedLos
       data.write(reinterpret_cast<const char*>(&token), sizeof(token));  // little-endian host
     }
   }
-  const std::string config_body = R"(
+  const std::string config_body = std::string(R"(
     "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
     "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.999], "eps": 1e-8,
                   "weight_decay": 0.0, "torch_adam": true}},
-    "gradient_clipping": 1.0, "zero_optimization": {"stage": 3}, "steps_per_print": 100)";
+    "gradient_clipping": 1.0, "steps_per_print": 100, "bf16": {"enabled": )") +
+                                  (c.bf16 ? "true" : "false") + "}";
   {
-    std::ofstream(dir.file("ds.json")) << "{" << config_body << "}\n";
+    std::ofstream(dir.file("ds.json"))
+        << "{" << config_body << ",\n    \"zero_optimization\": {\"stage\": 3}}\n";
+    const std::string nvme = "{\"device\": \"nvme\", \"nvme_path\": \"" + dir.path() + "\"}";
     std::ofstream(dir.file("zinf.json"))
-        << "{" << config_body << ",\n    \"csv_monitor\": {\"enabled\": true, \"output_path\": \""
-        << dir.file("csv") << "\", \"job_name\": \"run\"}}\n";
+        << "{" << config_body << ",\n    \"zero_optimization\": {\"stage\": 3"
+        << (c.zinf_on_nvme ? ", \"offload_param\": " + nvme + ", \"offload_optimizer\": " + nvme
+                           : std::string())
+        << "},\n    \"csv_monitor\": {\"enabled\": true, \"output_path\": \"" << dir.file("csv")
+        << "\", \"job_name\": \"run\"}}\n";
   }
+  // Each rank a process of its own with torch.distributed's environment (rank 0 serves the
+  // store): DeepSpeed's and zinf's LibTorch may be of other versions, whose stores do not
+  // speak to each other (zinf built on Debian's LibTorch 1.13 under .venv's torchrun 2.x
+  // waits forever). One OpenMP thread each when ranks share the cores, and no spinning.
+  auto launch = [&](const std::string& program) {
+    const std::string port = std::to_string(::zinf::testing::free_port());
+    std::string command;
+    for (int r = 0; r < c.ranks; ++r) {
+      command += "DS_ACCELERATOR=cpu OMP_WAIT_POLICY=PASSIVE " +
+                 std::string(c.ranks > 1 ? "OMP_NUM_THREADS=1 " : "") +
+                 "RANK=" + std::to_string(r) + " LOCAL_RANK=" + std::to_string(r) +
+                 " WORLD_SIZE=" + std::to_string(c.ranks) +
+                 " LOCAL_WORLD_SIZE=" + std::to_string(c.ranks) +
+                 " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " " + program +
+                 (r + 1 < c.ranks ? " & p" + std::to_string(r) + "=\\$!; " : "; ");
+    }
+    // The exit status: 0 when every rank's is.
+    command += "s=\\$?;";
+    for (int r = 0; r + 1 < c.ranks; ++r) command += " wait \\$p" + std::to_string(r) + " || s=1;";
+    return "sh -c \"" + command + " exit \\$s\"";
+  };
   const std::string common = " --data '" + dir.file("tokens.u16") + "' --seq-len 16";
   auto zinf_train = [&](const std::string& name, const std::string& extra) {
     fs::remove_all(dir.file("csv"));
     const bool ok = run_logged(
-        zinf + " train --init-from '" + dir.file("init") + "' --config '" + dir.file("zinf.json") +
-            "'" + common + " --micro-batch 2 --plot '' --nvme-path '" + dir.path() + "' " + extra,
+        launch(zinf + " train --init-from '" + dir.file("init") + "' --config '" +
+               dir.file("zinf.json") + "'" + common + " --micro-batch 2 --plot '' " + extra),
         dir.file(name + ".log"));
     EXPECT_TRUE(ok);
     return csv_losses(dir.file("csv") + "/run/Train_Samples_train_loss.csv");
   };
   auto deepspeed = [&](const std::string& name, const std::string& extra) {
-    const std::string env =
-        "DS_ACCELERATOR=cpu RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 "
-        "LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-        std::to_string(::zinf::testing::free_port()) + " ";
-    EXPECT_TRUE(run_logged(env + "'" + ZINF_VENV_PYTHON + "' " + ZINF_DS_WORKER + " --model '" +
-                               dir.file("init") + "' --config '" + dir.file("ds.json") + "'" +
-                               common + " " + extra,
+    EXPECT_TRUE(run_logged(launch("'" + std::string(ZINF_VENV_PYTHON) + "' " + ZINF_DS_WORKER +
+                                  " --model '" + dir.file("init") + "' --config '" +
+                                  dir.file("ds.json") + "'" + common + " " + extra),
                            dir.file(name + ".log")));
     return ds_losses(dir.file(name + ".log"));
+  };
+  auto expect_near = [&](double got, double want, const std::string& what) {
+    EXPECT_NEAR(got, want, c.tolerance * std::abs(want)) << what;
+    std::cout << std::setprecision(9) << "LOSS " << what << ": " << got << " vs uninterrupted zinf "
+              << want << " (relative difference " << std::abs(got - want) / std::abs(want) << ")\n";
   };
 
   const std::vector<double> want = zinf_train("zinf-4", "--steps 4");
@@ -155,24 +184,81 @@ TEST(DeepSpeedInterop, EachResumesFromTheOthersCheckpointWithTheUninterruptedLos
       << read_all(dir.file("ds-resume.log"));
   ASSERT_EQ(ds_resumed.size(), 2u) << read_all(dir.file("ds-resume.log"));
   for (const auto& [step, loss] : ds_resumed) {
-    expect_near_relative(loss, want[static_cast<size_t>(step - 1)],
-                         "DeepSpeed from zinf's step-2 checkpoint, step " + std::to_string(step));
+    expect_near(loss, want[static_cast<size_t>(step - 1)],
+                "DeepSpeed from zinf's step-2 checkpoint, step " + std::to_string(step));
   }
 
   // DeepSpeed's checkpoint, zinf resumes.
   const auto ds_first = deepspeed("ds-save", "--steps 2 --save '" + dir.file("ds-ckpt") + "'");
   ASSERT_EQ(ds_first.size(), 2u) << read_all(dir.file("ds-save.log"));
-  expect_near_relative(ds_first[0].second, want[0], "DeepSpeed, step 1");
+  expect_near(ds_first[0].second, want[0], "DeepSpeed, step 1");
   const std::vector<double> zinf_resumed =
       zinf_train("zinf-resume", "--steps 4 --load '" + dir.file("ds-ckpt") + "'");
   const std::string resume_log = read_all(dir.file("zinf-resume.log"));
   ASSERT_NE(resume_log.find("checkpoint loaded"), std::string::npos) << resume_log;
-  EXPECT_NE(resume_log.find("the data goes on at sample 4"), std::string::npos) << resume_log;
+  EXPECT_NE(resume_log.find("the data goes on at sample " + std::to_string(4 * c.ranks)),
+            std::string::npos)
+      << resume_log;
   ASSERT_EQ(zinf_resumed.size(), 2u) << resume_log;
   for (size_t i = 0; i < 2; ++i) {
-    expect_near_relative(zinf_resumed[i], want[2 + i],
-                         "zinf from DeepSpeed's step-2 checkpoint, step " + std::to_string(3 + i));
+    expect_near(zinf_resumed[i], want[2 + i],
+                "zinf from DeepSpeed's step-2 checkpoint, step " + std::to_string(3 + i));
   }
+}
+
+TEST(DeepSpeedInterop, OneRankFp32) {
+  if (const std::string why = missing_environment(); !why.empty()) GTEST_SKIP() << why;
+  resume_both_ways({});
+}
+
+TEST(DeepSpeedInterop, TwoRanksFp32WithZinfOnNvme) {
+  if (const std::string why = missing_environment(); !why.empty()) GTEST_SKIP() << why;
+  resume_both_ways({.ranks = 2, .zinf_on_nvme = true});
+}
+
+TEST(DeepSpeedInterop, OneRankBf16) {
+  if (const std::string why = missing_environment(); !why.empty()) GTEST_SKIP() << why;
+  // In bf16 the two runtimes' kernels round differently: step 1, from the same weights, differs
+  // by 1.3e-3, and resumed steps by up to 2e-3 (a checkpoint read at wrong offsets: 5e-2).
+  resume_both_ways({.bf16 = true, .tolerance = 5e-3});
+}
+
+// DeepSpeed's stages 1 and 2 cut each rank's partition from the flattened parameter group,
+// zinf's per parameter: zinf refuses such a checkpoint, saying what to do instead.
+TEST(DeepSpeedInterop, ADeepSpeedStage2CheckpointIsRefusedWithWhatToDo) {
+  if (const std::string why = missing_environment(); !why.empty()) GTEST_SKIP() << why;
+  ::zinf::testing::TempDir dir;
+  ASSERT_TRUE(run_logged(std::string("/usr/bin/python3 ") + ZINF_HF_SCRIPT + " '" +
+                             dir.file("init") + "' --dtype float32 --seed 3",
+                         dir.file("init.log")));
+  {
+    std::ofstream data(dir.file("tokens.u16"), std::ios::binary);
+    for (int i = 0; i < 4096; ++i) {
+      const auto token = static_cast<uint16_t>((i * 31) % 97);
+      data.write(reinterpret_cast<const char*>(&token), sizeof(token));
+    }
+    std::ofstream(dir.file("ds.json")) << R"({"train_micro_batch_size_per_gpu": 2,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": true}},
+      "zero_optimization": {"stage": 2}})";
+  }
+  const std::string common = " --data '" + dir.file("tokens.u16") + "' --seq-len 16";
+  ASSERT_TRUE(run_logged(
+      "DS_ACCELERATOR=cpu RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 "
+      "MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+          std::to_string(::zinf::testing::free_port()) + " '" + ZINF_VENV_PYTHON + "' " +
+          ZINF_DS_WORKER + " --model '" + dir.file("init") + "' --config '" + dir.file("ds.json") +
+          "'" + common + " --steps 1 --save '" + dir.file("ds-ckpt") + "'",
+      dir.file("ds.log")));
+  const std::string log = dir.file("zinf.log");
+  EXPECT_FALSE(run_logged(std::string("'") + ZINF_BINARY + "' train --init-from '" +
+                              dir.file("init") + "' --config '" + dir.file("ds.json") + "'" +
+                              common + " --plot '' --steps 2 --load '" + dir.file("ds-ckpt") + "'",
+                          log));
+  const std::string text = read_all(log);
+  EXPECT_NE(text.find("mp_rank_00_model_states.pt: written by DeepSpeed"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("at ZeRO stage 3 only"), std::string::npos) << text;
+  EXPECT_NE(text.find("zinf zero-to-fp32"), std::string::npos) << text;
 }
 
 }  // namespace
