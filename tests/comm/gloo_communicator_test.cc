@@ -10,16 +10,24 @@
 //   comm_gloo_test --gtest_also_run_disabled_tests --gtest_filter='GlooBench.*'
 #include "zero/comm/gloo_communicator.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <torch/version.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/comm/collective_check.h"
@@ -294,6 +302,73 @@ TEST(GlooCommunicator, StoreHostGivingUpFirstStillNamesTheMissingRank) {
 }
 TEST(GlooCommunicator, MissingStoreHostIsNamed) {
   run_missing(3, {1, 2}, "rank 0 has not started it");
+}
+
+// A store that takes the connection and never answers (as torchrun of torch 2.x does for
+// LibTorch 1.13's client): the rendezvous fails naming the store, and does not wait forever.
+TEST(GlooCommunicator, AStoreThatNeverAnswersIsNamed) {
+  if (testing::is_child_rank()) {
+    GTEST_SKIP() << "launching test inside a rank";
+  }
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  ASSERT_EQ(::listen(listener, 16), 0);
+  // Accepts and reads whatever comes, answers nothing, until the test ends.
+  std::atomic<bool> done{false};
+  std::thread silent([&] {
+    std::vector<int> peers;
+    while (!done.load()) {
+      std::vector<pollfd> fds{{listener, POLLIN, 0}};
+      for (const int p : peers) fds.push_back({p, POLLIN, 0});
+      if (::poll(fds.data(), fds.size(), 50) <= 0) continue;
+      if ((fds[0].revents & POLLIN) != 0) {
+        const int peer = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+        if (peer >= 0) peers.push_back(peer);
+      }
+      char sink[4096];
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if ((fds[i].revents & POLLIN) != 0) (void)::read(fds[i].fd, sink, sizeof(sink));
+      }
+    }
+    for (const int p : peers) ::close(p);
+  });
+  LaunchEnv env;
+  env.rank = 0;
+  env.world_size = 2;
+  env.master_addr = "127.0.0.1";
+  env.master_port = ntohs(address.sin_port);
+  env.agent_store = true;
+  env.store_prefix = "/worker/attempt_0";
+  env.launcher = "torchrun";
+  CommOptions options;
+  options.timeout = std::chrono::milliseconds(3000);
+  const Clock::time_point start = Clock::now();
+  std::string message;
+  try {
+    (void)make_communicator(env, options);
+    ADD_FAILURE() << "the rendezvous with a silent store succeeded";
+  } catch (const CommError& e) {
+    message = e.what();
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  done = true;
+  silent.join();
+  ::close(listener);
+  EXPECT_NE(message.find("rendezvous on rank 0"), std::string::npos) << message;
+  EXPECT_NE(message.find("127.0.0.1:" + std::to_string(env.master_port)), std::string::npos)
+      << message;
+#if TORCH_VERSION_MAJOR < 2
+  // LibTorch 1.13's client blocks in the first call that waits for an answer.
+  EXPECT_NE(message.find("did not answer a call"), std::string::npos) << message;
+#endif
+  EXPECT_LT(seconds, 20.0) << message;
+  std::cout << "STORE silent store named after " << seconds << " s: " << message << "\n";
 }
 
 TEST(GlooBench, DISABLED_Algorithms) {

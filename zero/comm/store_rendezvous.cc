@@ -3,6 +3,9 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <future>
+#include <memory>
+#include <optional>
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -108,6 +111,27 @@ std::vector<int> missing_ranks(c10d::Store& store, const std::vector<std::string
   return missing;
 }
 
+// store.check(keys), waiting for its answer at most until `deadline`; nullopt when none came.
+// A store that accepted the connection but never answers blocks a call in recv() for good
+// (seen: zinf on Debian's LibTorch 1.13 under the torchrun of PyPI's torch 2.x, whose agent
+// serves a store of another protocol). The call runs on a thread of its own, which keeps the
+// store alive and is left behind when no answer comes: the caller fails the rendezvous.
+std::optional<bool> check_within(c10d::Store& store, const std::vector<std::string>& keys,
+                                 Clock::time_point deadline) {
+  auto answer = std::make_shared<std::promise<bool>>();
+  std::future<bool> result = answer->get_future();
+  std::thread([answer, keys,
+               owner = c10::intrusive_ptr<c10d::Store>::unsafe_reclaim_from_nonowning(&store)]() {
+    try {
+      answer->set_value(owner->check(keys));
+    } catch (...) {
+      answer->set_exception(std::current_exception());
+    }
+  }).detach();
+  if (result.wait_until(deadline) != std::future_status::ready) return std::nullopt;
+  return result.get();
+}
+
 }  // namespace
 
 void wait_for_ranks(c10d::Store& store, const std::vector<std::string>& arrival_keys,
@@ -127,7 +151,25 @@ void wait_for_ranks(c10d::Store& store, const std::vector<std::string>& arrival_
   milliseconds pause(5);
   for (;;) {
     try {
-      if (store.check(arrival_keys)) {
+      // The first call of each round is the one a silent store would hang. A store answers in
+      // milliseconds, even while ranks are missing: one that has not answered in 30 s (or by
+      // the deadline, if that comes first) is not going to.
+      const std::optional<bool> all_arrived =
+          check_within(store, arrival_keys,
+                       std::max(std::min(deadline, Clock::now() + std::chrono::seconds(30)),
+                                Clock::now() + milliseconds(500)));
+      if (!all_arrived) {
+        throw CommError(
+            "rendezvous", env.rank,
+            "the store at " + store_description(env) + " accepted this rank but did not answer " +
+                "a call (" + std::to_string(ms_since(start)) +
+                " ms into the rendezvous): is it served by a launcher of another torch version? "
+                "(torchrun of torch " +
+                "2.x serves a store that LibTorch 1.13 cannot talk to: launch with the torchrun " +
+                "of the LibTorch zinf was built with, or give each rank RANK, WORLD_SIZE, " +
+                "MASTER_ADDR and MASTER_PORT)");
+      }
+      if (*all_arrived) {
         return;
       }
       missing = missing_ranks(store, arrival_keys);
