@@ -8,7 +8,10 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
 #include <mutex>
+#include <string>
 
 namespace zinf::aio {
 namespace {
@@ -68,6 +71,17 @@ uint64_t physical_memory_bytes() {
   const long page_size = sysconf(_SC_PAGESIZE);
   if (pages <= 0 || page_size <= 0) return 0;
   return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+}
+
+uint64_t peak_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) {
+      return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;  // "VmHWM:   12345 kB"
+    }
+  }
+  return 0;
 }
 
 uint64_t default_pinned_memory_limit() {

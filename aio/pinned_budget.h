@@ -54,6 +54,11 @@ struct PinnedMemoryUsage {
 [[nodiscard]] uint64_t physical_memory_bytes();
 [[nodiscard]] uint64_t default_pinned_memory_limit();
 
+// The high-water mark of this process's resident memory (/proc/self/status VmHWM); 0 when it
+// cannot be read. Unlike getrusage's ru_maxrss, which keeps the resident size of the process
+// this one was forked from (a Python launcher's hundreds of MiB), it counts this program only.
+[[nodiscard]] uint64_t peak_rss_bytes();
+
 // Sets the limit (bytes > 0). Lowering it below what is already pinned is allowed: later
 // charges fail until enough is freed. Throws std::invalid_argument for 0.
 void set_pinned_memory_limit(uint64_t bytes);

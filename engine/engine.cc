@@ -3,7 +3,6 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <fstream>
@@ -76,14 +75,6 @@ size_t optimizer_states(const std::string& type) {
   std::transform(t.begin(), t.end(), t.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return t == "adagrad" || t == "lion" ? 1 : 2;
-}
-
-uint64_t peak_rss_bytes() {
-  rusage usage{};
-  if (getrusage(RUSAGE_SELF, &usage) != 0) {
-    return 0;
-  }
-  return static_cast<uint64_t>(usage.ru_maxrss) * 1024;
 }
 
 }  // namespace
@@ -490,7 +481,7 @@ MemoryReport Engine::memory_report() const {
   r.pinned = s.pinned_bytes;
   r.host = s.host_bytes;
   r.nvme = s.nvme_bytes;
-  r.peak_rss = peak_rss_bytes();
+  r.peak_rss = aio::peak_rss_bytes();
   return r;
 }
 

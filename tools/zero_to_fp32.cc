@@ -1,7 +1,6 @@
 #include "tools/zero_to_fp32.h"
 
 #include <fmt/format.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "aio/pinned_budget.h"
 #include "engine/consolidate/checkpoint_plan.h"
 #include "engine/consolidate/consolidate_writer.h"
 #include "tools/byte_size.h"
@@ -26,12 +26,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-uint64_t peak_rss_bytes() {
-  rusage usage{};
-  if (::getrusage(RUSAGE_SELF, &usage) != 0) return 0;
-  return static_cast<uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
 // A byte-count progress bar on a terminal (redrawn at most 10 times a second); nothing
@@ -139,7 +133,7 @@ void run_zero_to_fp32(const ZeroToFp32Options& options) {
         summary.tensors, summary.elements, summary.aliases, options.dtype,
         format_bytes(summary.data_bytes), seconds,
         seconds > 0 ? static_cast<double>(summary.data_bytes) / seconds / 1e9 : 0.0,
-        summary.finish_seconds, static_cast<double>(peak_rss_bytes()) / (1 << 20),
+        summary.finish_seconds, static_cast<double>(aio::peak_rss_bytes()) / (1 << 20),
         options.verify ? fmt::format("CRC-32 of {} checkpoint records checked",
                                      summary.verified_records + plan.files.size())
                        : std::string("CRC-32s not checked (--no-verify)"),

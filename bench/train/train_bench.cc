@@ -16,7 +16,6 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <stdlib.h>
-#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -32,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "aio/pinned_budget.h"
 #include "engine/data/data.h"
 #include "engine/engine.h"
 #include "engine/memory_plan.h"
@@ -55,12 +55,6 @@ struct Args {
   bool profile = false;  // per-step wall-clock breakdown and bytes per tier (stderr)
   std::string child;     // internal: run one mode and print a RESULT line
 };
-
-uint64_t peak_rss() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<uint64_t>(u.ru_maxrss) * 1024;
-}
 
 // This process's bytes read from and written to storage so far (/proc/self/io read_bytes,
 // write_bytes): what the swap files really moved, read-modify-writes included. {0, 0} when
@@ -187,7 +181,7 @@ int run_child(const Args& a) {
   }
   if (!swap.empty()) fs::remove_all(swap);
   fmt::print("RESULT {} {:.3f} {} {:.3f} {:.4f} {} {} {}\n", a.child,
-             timed_tokens / std::max(timed_seconds, 1e-9), peak_rss(),
+             timed_tokens / std::max(timed_seconds, 1e-9), aio::peak_rss_bytes(),
              timed_seconds / std::max(1, a.steps - a.warmup), last_loss, mem.device_peak,
              mem.pinned + mem.host, mem.nvme);
   return 0;
