@@ -451,12 +451,21 @@ int run_train(const TrainArgs& args) {
     for (const auto& line : override_lines) say("  " + line);
     for (const auto& line : config::resolved_lines(cfg)) say("  " + line);
     if (!budget_note.empty()) say("  " + budget_note);
+    // "4 heads" or, with grouped-query attention or a head_dim of its own, "32 heads (8
+    // key/value), head_dim 128".
+    std::string heads = fmt::format("{} heads", model->num_heads);
+    if (model->kv_heads() != model->num_heads) {
+      heads += fmt::format(" ({} key/value)", model->kv_heads());
+    }
+    if (model->head_size() * model->num_heads != model->hidden_size) {
+      heads += fmt::format(", head_dim {}", model->head_size());
+    }
     say(fmt::format(
-        "model {}: {:.2f} M parameters ({} layers, hidden {}, {} heads, vocab {}), "
+        "model {}: {:.2f} M parameters ({} layers, hidden {}, {}, vocab {}), "
         "{}; model states {} ({} B/param) = {:.1f}x the {} accelerator budget {}",
         model->name, static_cast<double>(params) / 1e6, model->num_layers, model->hidden_size,
-        model->num_heads, model->vocab_size, precision_name(cfg.zero.precision),
-        engine::format_bytes(states), kStateBytesPerParam,
+        heads, model->vocab_size, precision_name(cfg.zero.precision), engine::format_bytes(states),
+        kStateBytesPerParam,
         static_cast<double>(states) / static_cast<double>(options.memory_budget),
         options.accelerator, engine::format_bytes(options.memory_budget)));
     if (cfg.zero.precision == zero::Precision::kFloat16 &&

@@ -168,18 +168,22 @@ LlamaConfig read_hf_llama_config(const std::string& config_path, std::string* to
   }
   c.tie_embeddings = r.boolean_or("tie_word_embeddings", false);
 
-  const int64_t kv_heads = r.positive_or("num_key_value_heads", c.num_heads);
-  if (kv_heads != c.num_heads) {
-    r.fail("num_key_value_heads",
-           fmt::format("is {} but num_attention_heads is {}: grouped-query attention is not "
-                       "supported (zinf's Llama has as many key/value heads as query heads)",
-                       kv_heads, c.num_heads));
+  // Grouped-query attention (Llama 3, Mistral, Qwen2, SmolLM, TinyLlama): each key/value head
+  // serves num_attention_heads / num_key_value_heads query heads.
+  c.num_kv_heads = r.positive_or("num_key_value_heads", c.num_heads);
+  if (c.num_heads % c.num_kv_heads != 0) {
+    r.fail("num_key_value_heads", fmt::format("is {}: it must divide num_attention_heads ({})",
+                                              c.num_kv_heads, c.num_heads));
   }
-  if (r.get("head_dim") != nullptr && c.hidden_size % c.num_heads == 0 &&
-      r.positive("head_dim") != c.hidden_size / c.num_heads) {
-    r.fail("head_dim", fmt::format("is {}: zinf's Llama needs hidden_size / num_attention_heads "
-                                   "= {}",
-                                   r.get("head_dim")->dump(), c.hidden_size / c.num_heads));
+  if (r.get("head_dim") != nullptr && !r.get("head_dim")->is_null()) {
+    c.head_dim = r.positive("head_dim");
+    if (c.head_dim % 2 != 0) {
+      r.fail("head_dim", fmt::format("is {}: rotary positions need an even head size", c.head_dim));
+    }
+  } else if (c.hidden_size % c.num_heads != 0) {
+    r.fail("num_attention_heads",
+           fmt::format("is {} and hidden_size {} is not a multiple of it: give head_dim",
+                       c.num_heads, c.hidden_size));
   }
   const std::string act = r.string_or("hidden_act", "silu");
   if (act != "silu") {

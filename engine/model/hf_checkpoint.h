@@ -8,12 +8,12 @@
 // message naming the file and the tensor or key:
 //   - config.json: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads
 //     and vocab_size present and positive; rms_norm_eps (default 1e-6), rope_theta (10000),
-//     max_position_embeddings (2048), tie_word_embeddings (false) of the right type; and
-//     nothing the reference model cannot honour: model_type other than "llama",
-//     num_key_value_heads != num_attention_heads (grouped-query attention: the model has
-//     none), head_dim other than hidden_size / num_attention_heads, hidden_act other than
-//     "silu", attention_bias or mlp_bias true, a rope_scaling, a torch_dtype (or "dtype", as
-//     recent transformers name it) other than float32, bfloat16 or float16;
+//     max_position_embeddings (2048), tie_word_embeddings (false) of the right type;
+//     num_key_value_heads (grouped-query attention; it must divide num_attention_heads) and
+//     head_dim (default hidden_size / num_attention_heads; even); and nothing the reference
+//     model cannot honour: model_type other than "llama", hidden_act other than "silu",
+//     attention_bias or mlp_bias true, a rope_scaling, a torch_dtype (or "dtype", as recent
+//     transformers name it) other than float32, bfloat16 or float16;
 //   - weights: every parameter of that LlamaModel present (a tied head may be absent: it is
 //     the embedding) with its shape and dtype F32, BF16 or F16; no other tensor except
 //     `*.rotary_emb.inv_freq` (older checkpoints store it; the model computes it) and a tied

@@ -62,7 +62,9 @@ at::Tensor rotate_half(const at::Tensor& x) {
 
 int64_t LlamaConfig::parameter_count() const noexcept {
   const int64_t h = hidden_size;
-  const int64_t per_layer = 4 * h * h + 3 * h * intermediate_size + 2 * h;
+  const int64_t q = num_heads * head_size();
+  const int64_t kv = kv_heads() * head_size();
+  const int64_t per_layer = 2 * h * q + 2 * h * kv + 3 * h * intermediate_size + 2 * h;
   return vocab_size * h * (tie_embeddings ? 1 : 2) + num_layers * per_layer + h;
 }
 
@@ -78,10 +80,23 @@ void LlamaConfig::validate() const {
   positive(num_heads, "num_heads");
   positive(intermediate_size, "intermediate_size");
   positive(max_seq_len, "max_seq_len");
-  if (hidden_size % num_heads != 0 || (hidden_size / num_heads) % 2 != 0) {
+  if (num_kv_heads < 0 || head_dim < 0) {
     throw std::invalid_argument(
-        fmt::format("model hidden_size {} must split into num_heads {} heads of an even size",
+        fmt::format("model num_kv_heads {} and head_dim {} must not be negative (0: the default)",
+                    num_kv_heads, head_dim));
+  }
+  if (head_dim == 0 && hidden_size % num_heads != 0) {
+    throw std::invalid_argument(
+        fmt::format("model hidden_size {} must split into num_heads {} heads (or give head_dim)",
                     hidden_size, num_heads));
+  }
+  if (head_size() % 2 != 0) {
+    throw std::invalid_argument(
+        fmt::format("model head_dim {} must be even (rotary positions rotate pairs)", head_size()));
+  }
+  if (num_heads % kv_heads() != 0) {
+    throw std::invalid_argument(fmt::format(
+        "model num_heads {} must be a multiple of num_kv_heads {}", num_heads, kv_heads()));
   }
 }
 
@@ -126,9 +141,12 @@ std::vector<LlamaParameterShape> llama_parameter_shapes(const LlamaConfig& c) {
   add("model.embed_tokens.weight", {c.vocab_size, h}, false);
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
-    for (const char* proj : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
-      add(p + "self_attn." + proj + ".weight", {h, h}, true);
-    }
+    const int64_t q = c.num_heads * c.head_size();
+    const int64_t kv = c.kv_heads() * c.head_size();
+    add(p + "self_attn.q_proj.weight", {q, h}, true);
+    add(p + "self_attn.k_proj.weight", {kv, h}, true);
+    add(p + "self_attn.v_proj.weight", {kv, h}, true);
+    add(p + "self_attn.o_proj.weight", {h, q}, true);
     add(p + "mlp.gate_proj.weight", {inter, h}, true);
     add(p + "mlp.up_proj.weight", {inter, h}, true);
     add(p + "mlp.down_proj.weight", {h, inter}, true);
@@ -191,24 +209,28 @@ torch::Tensor EmbeddingImpl::forward(const torch::Tensor& tokens) {
   return at::embedding(weight, tokens);
 }
 
-AttentionImpl::AttentionImpl(const LlamaConfig& c) : heads(c.num_heads), rope_theta(c.rope_theta) {
-  q_proj = register_module("q_proj", Projection(c.hidden_size, c.hidden_size, c.dtype));
-  k_proj = register_module("k_proj", Projection(c.hidden_size, c.hidden_size, c.dtype));
-  v_proj = register_module("v_proj", Projection(c.hidden_size, c.hidden_size, c.dtype));
-  o_proj = register_module("o_proj", Projection(c.hidden_size, c.hidden_size, c.dtype));
+AttentionImpl::AttentionImpl(const LlamaConfig& c)
+    : heads(c.num_heads),
+      kv_heads(c.kv_heads()),
+      head_dim(c.head_size()),
+      rope_theta(c.rope_theta) {
+  const int64_t q = heads * head_dim;
+  const int64_t kv = kv_heads * head_dim;
+  q_proj = register_module("q_proj", Projection(c.hidden_size, q, c.dtype));
+  k_proj = register_module("k_proj", Projection(c.hidden_size, kv, c.dtype));
+  v_proj = register_module("v_proj", Projection(c.hidden_size, kv, c.dtype));
+  o_proj = register_module("o_proj", Projection(q, c.hidden_size, c.dtype));
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   const int64_t batch = x.size(0);
   const int64_t seq = x.size(1);
-  const int64_t hidden = x.size(2);
-  const int64_t head_dim = hidden / heads;
-  auto split = [&](const at::Tensor& t) {
-    return t.view({batch, seq, heads, head_dim}).transpose(1, 2);  // [B, H, S, D]
+  auto split = [&](const at::Tensor& t, int64_t n) {
+    return t.view({batch, seq, n, head_dim}).transpose(1, 2);  // [B, n, S, D]
   };
-  at::Tensor q = split(q_proj(x));
-  at::Tensor k = split(k_proj(x));
-  at::Tensor v = split(v_proj(x));
+  at::Tensor q = split(q_proj(x), heads);
+  at::Tensor k = split(k_proj(x), kv_heads);
+  at::Tensor v = split(v_proj(x), kv_heads);
   // Rotary positions (the "rotate half" form): angle = position / theta^(2i / head_dim).
   // On the activations' device (a GPU's when the engine computes on one).
   const at::TensorOptions on_device = at::TensorOptions().device(x.device());
@@ -221,12 +243,19 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   const at::Tensor sin = angles.sin().to(x.scalar_type());
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
+  if (kv_heads != heads) {
+    // Grouped-query attention: key/value head j serves query heads j * g .. (j + 1) * g - 1.
+    const int64_t g = heads / kv_heads;
+    k = k.repeat_interleave(g, 1);
+    v = v.repeat_interleave(g, 1);
+  }
   at::Tensor scores = portable_matmul(q, k.transpose(-2, -1)).to(at::kFloat) /
                       std::sqrt(static_cast<double>(head_dim));
   const at::Tensor future = at::ones({seq, seq}, on_device.dtype(at::kBool)).triu(1);
   scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
   const at::Tensor probs = at::softmax(scores, -1).to(x.scalar_type());
-  const at::Tensor out = portable_matmul(probs, v).transpose(1, 2).reshape({batch, seq, hidden});
+  const at::Tensor out =
+      portable_matmul(probs, v).transpose(1, 2).reshape({batch, seq, heads * head_dim});
   return o_proj(out);
 }
 

@@ -43,6 +43,13 @@ struct LlamaConfig {
   int64_t hidden_size = 64;
   int64_t num_layers = 2;
   int64_t num_heads = 4;
+  // Key/value heads (grouped-query attention: each serves num_heads / num_kv_heads query
+  // heads; 1 is multi-query attention); 0 means num_heads.
+  int64_t num_kv_heads = 0;
+  // Elements per head; 0 means hidden_size / num_heads. q_proj is [num_heads * head_dim,
+  // hidden], k_proj and v_proj [num_kv_heads * head_dim, hidden], o_proj [hidden,
+  // num_heads * head_dim].
+  int64_t head_dim = 0;
   int64_t intermediate_size = 176;
   int64_t max_seq_len = 256;
   bool tie_embeddings = false;
@@ -51,6 +58,12 @@ struct LlamaConfig {
   // Element type the parameters are allocated in (LlamaModelImpl sets it from its argument).
   at::ScalarType dtype = at::kFloat;
 
+  [[nodiscard]] int64_t kv_heads() const noexcept {
+    return num_kv_heads > 0 ? num_kv_heads : num_heads;
+  }
+  [[nodiscard]] int64_t head_size() const noexcept {
+    return head_dim > 0 ? head_dim : hidden_size / num_heads;
+  }
   // Parameter count of this shape (tied embeddings counted once).
   [[nodiscard]] int64_t parameter_count() const noexcept;
   // Throws std::invalid_argument naming the field (e.g. hidden_size not divisible by heads).
@@ -106,6 +119,8 @@ struct AttentionImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);  // [batch, seq, hidden]
   Projection q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   int64_t heads;
+  int64_t kv_heads;
+  int64_t head_dim;
   double rope_theta;
 };
 TORCH_MODULE(Attention);

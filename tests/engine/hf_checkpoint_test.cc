@@ -122,6 +122,39 @@ TEST(HfCheckpoint, LogitsMatchAHuggingFaceLlamaForward) {
   }
 }
 
+// Grouped-query attention (2 key/value heads for 4 query heads), multi-query attention (1)
+// and a head_dim that is not hidden_size / num_attention_heads (16, not 8; q_proj then maps
+// 32 to 64): the logits of the Python forward, which repeats key/value heads as
+// transformers' repeat_kv does.
+TEST(HfCheckpoint, GroupedQueryAttentionAndHeadDimGiveThePythonLogits) {
+  ::zinf::testing::TempDir dir;
+  struct Shape {
+    const char* name;
+    const char* args;
+    int64_t kv_heads;
+    int64_t head_dim;
+  };
+  for (const Shape& v : {Shape{"gqa", "--kv-heads 2", 2, 8},
+                         Shape{"mqa-head-dim", "--kv-heads 1 --head-dim 16", 1, 16},
+                         Shape{"gqa-bf16", "--kv-heads 2 --head-dim 12 --dtype bfloat16", 2, 12}}) {
+    SCOPED_TRACE(v.name);
+    const std::string folder = dir.file(v.name);
+    ASSERT_TRUE(make_folder(folder, v.args));
+    const HfCheckpoint ckpt = HfCheckpoint::open(folder);
+    EXPECT_EQ(ckpt.config().kv_heads(), v.kv_heads);
+    EXPECT_EQ(ckpt.config().head_size(), v.head_dim);
+    const SafetensorsReader expected = SafetensorsReader::open(folder + "/expected.safetensors");
+    const at::Tensor tokens = tensor_of(expected, "tokens", at::kLong);
+    const at::Tensor want = tensor_of(expected, "logits", at::kFloat);
+    const at::Tensor got = engine_logits(ckpt, tokens);
+    ASSERT_EQ(got.sizes(), want.sizes());
+    const double diff = (got - want).abs().max().item<double>();
+    EXPECT_LE(diff, kLogitTolerance) << "largest |logit| " << want.abs().max().item<double>();
+    std::cout << "LOGITS " << v.name << ": max |zinf - python| " << diff << " (largest |logit| "
+              << want.abs().max().item<double>() << ")\n";
+  }
+}
+
 // Rewrites `folder`/config.json after `edit` changed it.
 void edit_config(const std::string& folder, const std::function<void(nlohmann::json&)>& edit) {
   nlohmann::json c;
@@ -286,12 +319,12 @@ TEST_F(HfCheckpointErrors, ConfigKeysTheModelCannotHonour) {
     std::string says;
   };
   const std::vector<Case> cases{
-      {"num_key_value_heads", 2, "grouped-query attention is not supported"},
+      {"num_key_value_heads", 3, "must divide num_attention_heads (4)"},
       {"hidden_act", "gelu", "SwiGLU"},
       {"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}, "plain rotary"},
       {"attention_bias", true, "no bias"},
       {"mlp_bias", true, "no bias"},
-      {"head_dim", 16, "hidden_size / num_attention_heads = 8"},
+      {"head_dim", 7, "even head size"},
       {"model_type", "mistral", "is a Llama"},
       {"torch_dtype", "int8", "float32, bfloat16 or float16"},
       {"dtype", "float64", "float32, bfloat16 or float16"},  // (torch_dtype removed below)
@@ -314,13 +347,14 @@ TEST_F(HfCheckpointErrors, ConfigKeysTheModelCannotHonour) {
     expect_refused(folder, {folder + "/config.json", "\"" + c.key + "\"", c.says});
     fs::remove_all(folder);
   }
-  // A shape the model cannot build: 32 does not split into 3 heads.
+  // A shape the model cannot build: 32 does not split into 3 heads, and no head_dim says how.
   const std::string folder = copy_of("single");
   edit_config(folder, [](nlohmann::json& j) {
     j["num_attention_heads"] = 3;
     j["num_key_value_heads"] = 3;
   });
-  expect_refused(folder, {folder + "/config.json", "num_heads 3"});
+  expect_refused(folder,
+                 {folder + "/config.json", "\"num_attention_heads\" is 3", "give head_dim"});
 }
 
 TEST_F(HfCheckpointErrors, TensorsThatDoNotFitTheModel) {
@@ -485,7 +519,7 @@ TEST(HfCheckpointCli, TrainInitFromStartsAtThePythonModelsLoss) {
   {
     nlohmann::json c;
     std::ifstream(folder + "/config.json") >> c;
-    c["num_key_value_heads"] = 2;
+    c["num_key_value_heads"] = 3;  // does not divide the 4 heads
     std::ofstream(folder + "/config.json") << c.dump(2);
   }
   const ::zinf::testing::ZinfRun bad =

@@ -10,8 +10,12 @@ attention, SwiGLU MLP, optional tied head).
   make_hf_llama.py OUT [--dtype float32|bfloat16|float16] [--shards N] [--tied] [--seed S]
                        [--pattern TEXT --seq-len L]
                        [--hidden H --intermediate I --layers N --heads A --vocab V]
+                       [--kv-heads K] [--head-dim D]
 
-The shape defaults to hidden 32, intermediate 88, 2 layers, 4 heads, vocab 256.
+The shape defaults to hidden 32, intermediate 88, 2 layers, 4 heads, vocab 256; --kv-heads
+(grouped-query attention: each key/value head serves heads / K query heads, repeated as
+transformers' repeat_kv does) defaults to the heads, --head-dim to hidden / heads (given, it
+is written to config.json's "head_dim").
 OUT receives config.json, model.safetensors (--shards 0) or model-0000k-of-0000N.safetensors
 with model.safetensors.index.json, and expected.safetensors: "tokens" (I64 [2, 12]) and
 "logits" (F32 [2, 12, vocab]) computed from the weights as stored (rounded to --dtype, then
@@ -39,7 +43,7 @@ def config(args):
         "intermediate_size": args.intermediate,
         "num_hidden_layers": args.layers,
         "num_attention_heads": args.heads,
-        "num_key_value_heads": args.heads,
+        "num_key_value_heads": args.kv_heads or args.heads,
         "vocab_size": args.vocab,
         "max_position_embeddings": 128,
         "rms_norm_eps": 1e-6,
@@ -49,12 +53,19 @@ def config(args):
         "torch_dtype": args.dtype,
         "bos_token_id": 1,
         "eos_token_id": 2,
+        **({"head_dim": args.head_dim} if args.head_dim else {}),
     }
+
+
+def head_dim(c):
+    return c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
 
 
 def make_weights(c, seed):
     g = torch.Generator().manual_seed(seed)
     h, inter, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    q_out = c["num_attention_heads"] * head_dim(c)
+    kv_out = c["num_key_value_heads"] * head_dim(c)
 
     def rand(*shape):
         return torch.randn(*shape, generator=g) * 0.2
@@ -66,8 +77,10 @@ def make_weights(c, seed):
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = norm()
+        shapes = {"q_proj": (q_out, h), "k_proj": (kv_out, h), "v_proj": (kv_out, h),
+                  "o_proj": (h, q_out)}
         for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            w[p + f"self_attn.{proj}.weight"] = rand(h, h)
+            w[p + f"self_attn.{proj}.weight"] = rand(*shapes[proj])
         w[p + "post_attention_layernorm.weight"] = norm()
         w[p + "mlp.gate_proj.weight"] = rand(inter, h)
         w[p + "mlp.up_proj.weight"] = rand(inter, h)
@@ -120,8 +133,8 @@ def rotate_half(x):
 
 def forward(c, w, tokens):
     b, s = tokens.shape
-    h, heads = c["hidden_size"], c["num_attention_heads"]
-    d = h // heads
+    h, heads, kv_heads = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
+    d = head_dim(c)
     eps = c["rms_norm_eps"]
     inv_freq = 1.0 / (c["rope_theta"] ** (torch.arange(0, d, 2).float() / d))
     freqs = torch.outer(torch.arange(s).float(), inv_freq)
@@ -133,15 +146,19 @@ def forward(c, w, tokens):
         p = f"model.layers.{i}."
         y = rms_norm(x, w[p + "input_layernorm.weight"], eps)
 
-        def heads_of(name):
-            return (y @ w[p + f"self_attn.{name}.weight"].T).view(b, s, heads, d).transpose(1, 2)
+        def heads_of(name, n):
+            return (y @ w[p + f"self_attn.{name}.weight"].T).view(b, s, n, d).transpose(1, 2)
 
-        q, k, v = heads_of("q_proj"), heads_of("k_proj"), heads_of("v_proj")
+        q = heads_of("q_proj", heads)
+        k, v = heads_of("k_proj", kv_heads), heads_of("v_proj", kv_heads)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
+        # repeat_kv: key/value head j serves query heads j * g .. (j + 1) * g - 1.
+        k = k.repeat_interleave(heads // kv_heads, dim=1)
+        v = v.repeat_interleave(heads // kv_heads, dim=1)
         scores = q @ k.transpose(2, 3) / math.sqrt(d) + mask
         attn = torch.softmax(scores.float(), dim=-1) @ v
-        x = x + attn.transpose(1, 2).reshape(b, s, h) @ w[p + "self_attn.o_proj.weight"].T
+        x = x + attn.transpose(1, 2).reshape(b, s, heads * d) @ w[p + "self_attn.o_proj.weight"].T
         y = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
         gate = torch.nn.functional.silu(y @ w[p + "mlp.gate_proj.weight"].T)
         x = x + (gate * (y @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
@@ -165,6 +182,8 @@ def main():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--kv-heads", type=int, default=0)
+    ap.add_argument("--head-dim", type=int, default=0)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     c = config(args)

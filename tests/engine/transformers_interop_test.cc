@@ -15,6 +15,8 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/model/hf_checkpoint.h"
 #include "engine/model/llama.h"
@@ -124,6 +126,41 @@ TEST(TransformersInterop, FromPretrainedLoadsZeroToFp32OutputWithZinfsLogits) {
     std::cout << "LOGITS transformers from_pretrained of zero-to-fp32's " << names[i]
               << ": max |transformers - zinf| " << diff << " (largest |logit| "
               << want.abs().max().item<double>() << ")\n";
+  }
+}
+
+// transformers' own LlamaForCausalLM on grouped-query (2 key/value heads for 4), multi-query
+// (1) and explicit-head_dim (16 where hidden / heads is 8) folders: zinf's logits from the
+// same folder agree.
+TEST(TransformersInterop, GroupedQueryAttentionAndHeadDimGiveTransformersLogits) {
+  if (const std::string why = missing_environment(); !why.empty()) GTEST_SKIP() << why;
+  ::zinf::testing::TempDir dir;
+  const std::vector<std::pair<std::string, std::string>> shapes{
+      {"gqa", "--kv-heads 2"}, {"mqa-head-dim", "--kv-heads 1 --head-dim 16"}};
+  std::string folders;
+  for (const auto& [name, args] : shapes) {
+    ASSERT_TRUE(run_logged(std::string("/usr/bin/python3 ") + ZINF_HF_SCRIPT + " '" +
+                               dir.file(name) + "' --dtype float32 --seed 5 " + args,
+                           dir.file(name + ".log")));
+    folders += " '" + dir.file(name) + "'";
+  }
+  ASSERT_TRUE(run_logged("'" + std::string(ZINF_VENV_PYTHON) + "' " +
+                             ZINF_TRANSFORMERS_LOGITS_SCRIPT + " '" +
+                             dir.file("logits.safetensors") + "'" + folders,
+                         dir.file("logits.log")));
+  const auto expected = serialization::SafetensorsReader::open(dir.file("logits.safetensors"));
+  const at::Tensor tokens = tensor_of(expected, "tokens", at::kLong);
+  ASSERT_TRUE(tokens.defined());
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    SCOPED_TRACE(shapes[i].first);
+    const at::Tensor want = zinf_logits(dir.file(shapes[i].first), tokens);
+    const at::Tensor got = tensor_of(expected, "logits" + std::to_string(i), at::kFloat);
+    ASSERT_TRUE(got.defined());
+    ASSERT_EQ(got.sizes(), want.sizes());
+    const double diff = (got - want).abs().max().item<double>();
+    EXPECT_LE(diff, kLogitTolerance) << "largest |logit| " << want.abs().max().item<double>();
+    std::cout << "LOGITS transformers " << shapes[i].first << ": max |transformers - zinf| " << diff
+              << " (largest |logit| " << want.abs().max().item<double>() << ")\n";
   }
 }
 
