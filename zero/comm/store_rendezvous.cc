@@ -61,6 +61,26 @@ std::string store_description(const LaunchEnv& env) {
   return text;
 }
 
+// How long one store call may go unanswered: a store answers in milliseconds, even while
+// ranks are missing, so one that has not in 30 s (or by the rendezvous deadline, if that
+// comes first; at least half a second) is not going to.
+Clock::time_point answer_deadline(Clock::time_point deadline) {
+  const Clock::time_point now = Clock::now();
+  return std::max(std::min(deadline, now + std::chrono::seconds(30)), now + milliseconds(500));
+}
+
+// The error for a store that accepted the connection and never answered.
+CommError silent_store(const LaunchEnv& env, Clock::time_point start) {
+  return CommError(
+      "rendezvous", env.rank,
+      "the store at " + store_description(env) + " accepted this rank but did not answer a " +
+          "call (" + std::to_string(ms_since(start)) +
+          " ms into the rendezvous): is it served by a launcher of another torch version? " +
+          "(torchrun of torch 2.x serves a store that LibTorch 1.13 cannot talk to, and the " +
+          "other way round: launch with the torchrun of the LibTorch zinf was built with, or " +
+          "give each rank RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT)");
+}
+
 c10::intrusive_ptr<c10d::Store> open_store(const LaunchEnv& env, bool server,
                                            milliseconds timeout) {
   c10d::TCPStoreOptions o;
@@ -80,7 +100,25 @@ c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, milliseconds
                                               Clock::time_point start) {
   const bool server = !env.agent_store && env.rank == 0;
   try {
-    return open_store(env, server, timeout);
+    // LibTorch 2.x's client pings the store in its constructor and waits for the answer
+    // without a limit: made on a thread of its own (left behind when no answer comes), as
+    // wait_for_ranks() makes its calls. It may take the whole timeout to connect (rank 0
+    // starting late), and then fails on its own: it is given 5 s more than that.
+    auto made = std::make_shared<std::promise<c10::intrusive_ptr<c10d::Store>>>();
+    std::future<c10::intrusive_ptr<c10d::Store>> result = made->get_future();
+    std::thread([made, env, server, timeout]() {
+      try {
+        made->set_value(open_store(env, server, timeout));
+      } catch (...) {
+        made->set_exception(std::current_exception());
+      }
+    }).detach();
+    if (result.wait_until(start + timeout + std::chrono::seconds(5)) != std::future_status::ready) {
+      throw silent_store(env, start);
+    }
+    return result.get();
+  } catch (const CommError&) {
+    throw;
   } catch (const std::exception& e) {
     const std::string who =
         server ? "could not serve the store at " : "could not reach the store at ";
@@ -151,24 +189,10 @@ void wait_for_ranks(c10d::Store& store, const std::vector<std::string>& arrival_
   milliseconds pause(5);
   for (;;) {
     try {
-      // The first call of each round is the one a silent store would hang. A store answers in
-      // milliseconds, even while ranks are missing: one that has not answered in 30 s (or by
-      // the deadline, if that comes first) is not going to.
+      // The first call of each round is the one a silent store would hang.
       const std::optional<bool> all_arrived =
-          check_within(store, arrival_keys,
-                       std::max(std::min(deadline, Clock::now() + std::chrono::seconds(30)),
-                                Clock::now() + milliseconds(500)));
-      if (!all_arrived) {
-        throw CommError(
-            "rendezvous", env.rank,
-            "the store at " + store_description(env) + " accepted this rank but did not answer " +
-                "a call (" + std::to_string(ms_since(start)) +
-                " ms into the rendezvous): is it served by a launcher of another torch version? "
-                "(torchrun of torch " +
-                "2.x serves a store that LibTorch 1.13 cannot talk to: launch with the torchrun " +
-                "of the LibTorch zinf was built with, or give each rank RANK, WORLD_SIZE, " +
-                "MASTER_ADDR and MASTER_PORT)");
-      }
+          check_within(store, arrival_keys, answer_deadline(deadline));
+      if (!all_arrived) throw silent_store(env, start);
       if (*all_arrived) {
         return;
       }
