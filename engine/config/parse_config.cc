@@ -81,8 +81,9 @@ int OptimizerConfig::states_per_param() const noexcept {
 namespace {
 
 constexpr double kMaxDouble = std::numeric_limits<double>::max();
-// DeepSpeed's value for an absent "gradient_clipping" since its 0.19 releases (constants.py
-// GRADIENT_CLIPPING_DEFAULT; before, 0 = off): a config means the same under both.
+// DeepSpeed's value for an absent "gradient_clipping" (constants.py GRADIENT_CLIPPING_DEFAULT
+// in the 0.19.8 the project compares with, since DeepSpeed's PR 8068; 0 = off before it): a
+// config means the same under both.
 constexpr double kDeepSpeedGradientClipping = 1.0;
 constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
 

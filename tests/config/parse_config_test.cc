@@ -206,7 +206,7 @@ TEST(ParseConfigTest, EmptyConfigHasDeepSpeedDefaults) {
   EXPECT_EQ(c.zero.param_max_in_cpu, 1'000'000'000u);
   EXPECT_EQ(c.zero.optimizer_buffer_count, 4u);
   EXPECT_EQ(c.zero.precision, Precision::kFloat32);
-  EXPECT_EQ(c.zero.gradient_clipping, 1.0);  // DeepSpeed 0.19's default
+  EXPECT_EQ(c.zero.gradient_clipping, 1.0);  // DeepSpeed 0.19.8's default
   EXPECT_EQ(c.steps_per_print, 10);
   EXPECT_FALSE(c.optimizer.given);
   EXPECT_EQ(c.scheduler.type, SchedulerType::kNone);
