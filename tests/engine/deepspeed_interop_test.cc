@@ -1,13 +1,15 @@
 // DeepSpeed itself against zinf's checkpoints, both ways (issue 21; label "deepspeed"): one
-// Hugging Face Llama folder, one ds_config.json (ZeRO-3, AdamW, fp32, clipping at 1.0), one
+// Hugging Face Llama folder, one ds_config.json (ZeRO-3, AdamW, clipping at 1.0), one
 // pre-tokenized file and the same sample order (bench/deepspeed/train/ds_train_worker.py
 // re-does zinf's). The real `zinf train --init-from` trains 4 steps uninterrupted, then:
 //   - zinf saves at step 2, and DeepSpeed's engine.load_checkpoint resumes from that folder
-//     (transformers' LlamaForCausalLM under deepspeed.initialize, 1 rank, Gloo);
+//     (transformers' LlamaForCausalLM under deepspeed.initialize, Gloo);
 //   - DeepSpeed trains 2 steps and saves, and `zinf train --load` resumes from its folder.
-// Steps 3 and 4 of both resumed runs must have the uninterrupted run's losses. A checkpoint
-// read with its parameters at the wrong offsets, moments of another gradient scale, a wrong
-// step count or the wrong samples shows in those losses (the sizes below are what each gave).
+// Steps 3 and 4 of both resumed runs must have the uninterrupted run's losses: on 1 rank in
+// fp32 and bf16, and on 2 ranks with zinf's params and optimizer on NVMe. A checkpoint read
+// with its parameters at the wrong offsets, moments of another gradient scale, a wrong step
+// count or the wrong samples shows in those losses (the sizes below are what each gave). A
+// DeepSpeed stage-2 checkpoint is refused, saying what to do instead.
 //
 // Skipped, with the reason, where .venv/ is absent or cannot import deepspeed and transformers.
 
