@@ -429,88 +429,6 @@ struct WaitOnExit {
   }
 };
 
-// Calls fn(u, pos, n) for each piece of sub-group `g` that lies in unit u: partition elements
-// [pos, pos + n), in order. Units tile the partition.
-template <typename Fn>
-void for_each_piece(const zero::SubGroupRange& g, const std::vector<Unit>& units, Fn&& fn) {
-  const uint64_t end = g.offset + g.numel;
-  auto unit = std::upper_bound(units.begin(), units.end(), g.offset,
-                               [](uint64_t at, const Unit& x) { return at < x.offset + x.numel; });
-  for (uint64_t pos = g.offset; pos < end && unit != units.end(); ++unit) {
-    const uint64_t n = std::min(end, unit->offset + unit->numel) - pos;
-    fn(static_cast<size_t>(unit - units.begin()), pos, n);
-    pos += n;
-  }
-}
-
-// Streams partition array `state` into the archive, sub-group by sub-group: unit u's storage
-// under keys[u]. The next sub-group is read (on another thread; the swapper sees one call at
-// a time) while this one is written, so the save runs at the slower of the two rates rather
-// than their sum. A sub-group the swapper holds in memory (its CPU arrays, or a buffer set
-// that still holds it after the last step) is written from there, not read: up to two
-// sub-group buffers are needed for the rest. Storages start at 4 KiB in the file and every
-// sub-group's memory is page-aligned, so the writer writes them in place; a read buffer is
-// reused only after writer.sync(). Returns the bytes written.
-uint64_t stream_out(offload::OptimizerSwapper& sw, OptimizerState state,
-                    const zero::PartitionLayout& layout, const std::vector<Unit>& units,
-                    const std::vector<std::string>& keys, ser::TorchArchiveWriter& writer,
-                    AlignedFloats (&buffers)[2]) {
-  const auto& groups = layout.sub_groups();
-  // A sub-group's pieces, one per unit it overlaps, with their CRC-32 (the zip records need
-  // it): taken on the reading thread, so the writing thread only copies.
-  struct Piece {
-    uint64_t pos = 0;  // partition offset
-    uint64_t numel = 0;
-    uint32_t crc = 0;
-  };
-  const float* data[2] = {nullptr, nullptr};
-  std::vector<Piece> pieces[2];
-  // A sub-group the swapper holds in memory is written from there; any other is read.
-  auto read = [&](size_t g) {
-    const float*& d = data[g % 2];
-    d = static_cast<const float*>(sw.held(state, g));
-    if (d == nullptr) {
-      float* b = buffers[g % 2].resize(groups[g].numel);
-      sw.read_sub_group(state, g, b);
-      d = b;
-    }
-    std::vector<Piece>& list = pieces[g % 2];
-    list.clear();
-    for_each_piece(groups[g], units, [&](size_t, uint64_t pos, uint64_t n) {
-      const auto* bytes = reinterpret_cast<const uint8_t*>(d + (pos - groups[g].offset));
-      list.push_back(
-          {pos, n, ser::crc32_update(0, {bytes, static_cast<size_t>(n * sizeof(float))})});
-    });
-  };
-  std::future<void> next;
-  const WaitOnExit drain{next};  // the reader uses buffers of this frame
-  size_t u = 0;
-  uint64_t done = 0;  // of unit u
-  uint64_t bytes = 0;
-  writer.sync();  // no write reads the buffers any more (an earlier array's)
-  if (!groups.empty()) read(0);
-  for (size_t g = 0; g < groups.size(); ++g) {
-    if (next.valid()) next.get();
-    writer.sync();  // sub-group g - 1's buffer is free for g + 1
-    if (g + 1 < groups.size()) next = std::async(std::launch::async, read, g + 1);
-    for (const Piece& piece : pieces[g % 2]) {
-      if (done == 0) writer.begin_storage(keys[u], units[u].numel * sizeof(float), 4096);
-      writer.write_stable(
-          {reinterpret_cast<const uint8_t*>(data[g % 2] + (piece.pos - groups[g].offset)),
-           static_cast<size_t>(piece.numel * sizeof(float))},
-          piece.crc);
-      done += piece.numel;
-      bytes += piece.numel * sizeof(float);
-      if (done == units[u].numel) {
-        ++u;
-        done = 0;
-      }
-    }
-    crash_point();
-  }
-  return bytes;
-}
-
 // Where this rank's partition lies in a checkpoint's unit tensors: partition elements
 // [pos, pos + n) are elements [at, at + n) of saved unit `unit`. Sorted by pos; the sources
 // tile the partition. For a checkpoint of this run's own layout they are its units; for one
@@ -570,6 +488,82 @@ void for_each_source(const zero::SubGroupRange& g, const std::vector<Source>& so
     fn(*s, pos, n);
     pos += n;
   }
+}
+
+// The sources of a partition read or written in this run's own layout: each unit where it is.
+std::vector<Source> unit_sources(const std::vector<Unit>& units) {
+  std::vector<Source> out;
+  for (size_t u = 0; u < units.size(); ++u) out.push_back({units[u].offset, units[u].numel, u, 0});
+  return out;
+}
+
+// Streams partition array `state` into the archive, sub-group by sub-group: unit u's storage
+// under keys[u]. The next sub-group is read (on another thread; the swapper sees one call at
+// a time) while this one is written, so the save runs at the slower of the two rates rather
+// than their sum. A sub-group the swapper holds in memory (its CPU arrays, or a buffer set
+// that still holds it after the last step) is written from there, not read: up to two
+// sub-group buffers are needed for the rest. Storages start at 4 KiB in the file and every
+// sub-group's memory is page-aligned, so the writer writes them in place; a read buffer is
+// reused only after writer.sync(). Returns the bytes written.
+uint64_t stream_out(offload::OptimizerSwapper& sw, OptimizerState state,
+                    const zero::PartitionLayout& layout, const std::vector<Unit>& units,
+                    const std::vector<std::string>& keys, ser::TorchArchiveWriter& writer,
+                    AlignedFloats (&buffers)[2]) {
+  const auto& groups = layout.sub_groups();
+  // A sub-group's pieces, one per unit it overlaps, with their CRC-32 (the zip records need
+  // it): taken on the reading thread, so the writing thread only copies.
+  struct Piece {
+    uint64_t pos = 0;  // partition offset
+    uint64_t numel = 0;
+    uint32_t crc = 0;
+  };
+  const std::vector<Source> pieces_of_units = unit_sources(units);
+  const float* data[2] = {nullptr, nullptr};
+  std::vector<Piece> pieces[2];
+  // A sub-group the swapper holds in memory is written from there; any other is read.
+  auto read = [&](size_t g) {
+    const float*& d = data[g % 2];
+    d = static_cast<const float*>(sw.held(state, g));
+    if (d == nullptr) {
+      float* b = buffers[g % 2].resize(groups[g].numel);
+      sw.read_sub_group(state, g, b);
+      d = b;
+    }
+    std::vector<Piece>& list = pieces[g % 2];
+    list.clear();
+    for_each_source(groups[g], pieces_of_units, [&](const Source&, uint64_t pos, uint64_t n) {
+      const auto* bytes = reinterpret_cast<const uint8_t*>(d + (pos - groups[g].offset));
+      list.push_back(
+          {pos, n, ser::crc32_update(0, {bytes, static_cast<size_t>(n * sizeof(float))})});
+    });
+  };
+  std::future<void> next;
+  const WaitOnExit drain{next};  // the reader uses buffers of this frame
+  size_t u = 0;
+  uint64_t done = 0;  // of unit u
+  uint64_t bytes = 0;
+  writer.sync();  // no write reads the buffers any more (an earlier array's)
+  if (!groups.empty()) read(0);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (next.valid()) next.get();
+    writer.sync();  // sub-group g - 1's buffer is free for g + 1
+    if (g + 1 < groups.size()) next = std::async(std::launch::async, read, g + 1);
+    for (const Piece& piece : pieces[g % 2]) {
+      if (done == 0) writer.begin_storage(keys[u], units[u].numel * sizeof(float), 4096);
+      writer.write_stable(
+          {reinterpret_cast<const uint8_t*>(data[g % 2] + (piece.pos - groups[g].offset)),
+           static_cast<size_t>(piece.numel * sizeof(float))},
+          piece.crc);
+      done += piece.numel;
+      bytes += piece.numel * sizeof(float);
+      if (done == units[u].numel) {
+        ++u;
+        done = 0;
+      }
+    }
+    crash_point();
+  }
+  return bytes;
 }
 
 // Fills partition array `state` from the archive's unit tensors, sub-group by sub-group,

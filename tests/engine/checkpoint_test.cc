@@ -672,6 +672,31 @@ TEST(CheckpointRefusal, ATruncatedOptimizerFileIsNamed) {
   EXPECT_NE(e.find(nothing.path() + "/latest"), std::string::npos) << e;
 }
 
+// Flips one bit in the middle of the last data record of `file` larger than 64 bytes (the
+// optimizer file's last state of its last unit); returns the record's name ("" if none).
+std::string flip_a_bit_of_the_last_record(const fs::path& file) {
+  uint64_t at = 0;
+  std::string record;
+  {
+    const auto zip = serialization::ZipReader::open(file.string());
+    for (const auto& entry : zip.entries()) {
+      if (entry.name.find("/data/") != std::string::npos && entry.size > 64) {
+        at = entry.data_offset + entry.size / 2;
+        record = entry.name;
+      }
+    }
+  }
+  if (at == 0) return "";
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(at));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x10);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write(&c, 1);
+  return record;
+}
+
 // One flipped bit in an optimizer record fails its CRC-32: the load stops with an error that
 // names the file, the record and its offset, for states in memory and on NVMe.
 TEST(CheckpointRefusal, ACorruptRecordIsNamed) {
@@ -687,27 +712,8 @@ TEST(CheckpointRefusal, ACorruptRecordIsNamed) {
     const fs::path file =
         fs::path(dir.path()) / "global_step1" / "zero_pp_rank_0_mp_rank_00_optim_states.pt";
     // A bit in the middle of the exp_avg_sq record of the last sub-group.
-    uint64_t at = 0;
-    std::string record;
-    {
-      const auto zip = serialization::ZipReader::open(file.string());
-      for (const auto& entry : zip.entries()) {
-        if (entry.name.find("/data/") != std::string::npos && entry.size > 64) {
-          at = entry.data_offset + entry.size / 2;
-          record = entry.name;
-        }
-      }
-    }
-    ASSERT_GT(at, 0u);
-    {
-      std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-      f.seekg(static_cast<std::streamoff>(at));
-      char c = 0;
-      f.read(&c, 1);
-      c = static_cast<char>(c ^ 0x10);
-      f.seekp(static_cast<std::streamoff>(at));
-      f.write(&c, 1);
-    }
+    const std::string record = flip_a_bit_of_the_last_record(file);
+    ASSERT_FALSE(record.empty());
     Trainer run(o, 7);
     try {
       run.load(dir.path());
@@ -802,26 +808,8 @@ TEST(CheckpointOrder, ACheckpointOfAnotherParameterOrderLoadsByName) {
     // A flipped bit is found when the records are not read in order either.
     const fs::path file =
         fs::path(dir.path()) / "global_step3" / "zero_pp_rank_0_mp_rank_00_optim_states.pt";
-    uint64_t at = 0;
-    std::string record;
-    {
-      const auto zip = serialization::ZipReader::open(file.string());
-      for (const auto& entry : zip.entries()) {
-        if (entry.name.find("/data/") != std::string::npos && entry.size > 64 && at == 0) {
-          at = entry.data_offset + entry.size / 2;
-          record = entry.name;
-        }
-      }
-    }
-    {
-      std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-      f.seekg(static_cast<std::streamoff>(at));
-      char b = 0;
-      f.read(&b, 1);
-      b = static_cast<char>(b ^ 0x10);
-      f.seekp(static_cast<std::streamoff>(at));
-      f.write(&b, 1);
-    }
+    const std::string record = flip_a_bit_of_the_last_record(file);
+    ASSERT_FALSE(record.empty());
     TwoParamsRun corrupt(other, true, 99);
     try {
       corrupt.engine->load_checkpoint(dir.path());

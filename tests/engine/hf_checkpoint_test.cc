@@ -83,6 +83,20 @@ struct Variant {
   size_t shards = 0;
 };
 
+// The engine's logits from `ckpt` against the ones make_hf_llama.py computed into `folder`.
+void expect_python_logits(const HfCheckpoint& ckpt, const std::string& folder,
+                          const std::string& name) {
+  const SafetensorsReader expected = SafetensorsReader::open(folder + "/expected.safetensors");
+  const at::Tensor tokens = tensor_of(expected, "tokens", at::kLong);
+  const at::Tensor want = tensor_of(expected, "logits", at::kFloat);
+  const at::Tensor got = engine_logits(ckpt, tokens);
+  ASSERT_EQ(got.sizes(), want.sizes());
+  const double diff = (got - want).abs().max().item<double>();
+  EXPECT_LE(diff, kLogitTolerance) << "largest |logit| " << want.abs().max().item<double>();
+  std::cout << "LOGITS " << name << ": max |zinf - python| " << diff << " (largest |logit| "
+            << want.abs().max().item<double>() << ")\n";
+}
+
 TEST(HfCheckpoint, LogitsMatchAHuggingFaceLlamaForward) {
   ::zinf::testing::TempDir dir;
   const std::vector<Variant> variants{
@@ -110,15 +124,7 @@ TEST(HfCheckpoint, LogitsMatchAHuggingFaceLlamaForward) {
     EXPECT_EQ(c.tie_embeddings, v.tied);
     EXPECT_EQ(ckpt.describe().find("shards") != std::string::npos, v.shards > 0) << ckpt.describe();
 
-    const SafetensorsReader expected = SafetensorsReader::open(folder + "/expected.safetensors");
-    const at::Tensor tokens = tensor_of(expected, "tokens", at::kLong);
-    const at::Tensor want = tensor_of(expected, "logits", at::kFloat);
-    const at::Tensor got = engine_logits(ckpt, tokens);
-    ASSERT_EQ(got.sizes(), want.sizes());
-    const double diff = (got - want).abs().max().item<double>();
-    EXPECT_LE(diff, kLogitTolerance) << "largest |logit| " << want.abs().max().item<double>();
-    std::cout << "LOGITS " << v.name << ": max |zinf - python| " << diff << " (largest |logit| "
-              << want.abs().max().item<double>() << ")\n";
+    expect_python_logits(ckpt, folder, v.name);
   }
 }
 
@@ -143,15 +149,7 @@ TEST(HfCheckpoint, GroupedQueryAttentionAndHeadDimGiveThePythonLogits) {
     const HfCheckpoint ckpt = HfCheckpoint::open(folder);
     EXPECT_EQ(ckpt.config().kv_heads(), v.kv_heads);
     EXPECT_EQ(ckpt.config().head_size(), v.head_dim);
-    const SafetensorsReader expected = SafetensorsReader::open(folder + "/expected.safetensors");
-    const at::Tensor tokens = tensor_of(expected, "tokens", at::kLong);
-    const at::Tensor want = tensor_of(expected, "logits", at::kFloat);
-    const at::Tensor got = engine_logits(ckpt, tokens);
-    ASSERT_EQ(got.sizes(), want.sizes());
-    const double diff = (got - want).abs().max().item<double>();
-    EXPECT_LE(diff, kLogitTolerance) << "largest |logit| " << want.abs().max().item<double>();
-    std::cout << "LOGITS " << v.name << ": max |zinf - python| " << diff << " (largest |logit| "
-              << want.abs().max().item<double>() << ")\n";
+    expect_python_logits(ckpt, folder, v.name);
   }
 }
 

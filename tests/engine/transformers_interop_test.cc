@@ -23,6 +23,7 @@
 #include "engine/serialization/safetensors.h"
 #include "tests/common/run_logged.h"
 #include "tests/common/temp_dir.h"
+#include "tests/common/venv.h"
 
 namespace zinf::engine {
 namespace {
@@ -62,17 +63,7 @@ at::Tensor zinf_logits(const std::string& folder, const at::Tensor& tokens) {
 
 // Why this test cannot run here, or "" when it can.
 std::string missing_environment() {
-  if (!fs::exists(ZINF_VENV_PYTHON)) {
-    return std::string(ZINF_VENV_PYTHON) + " is absent: make it with scripts/install-venv.sh";
-  }
-  const std::string probe = std::string("'") + ZINF_VENV_PYTHON +
-                            "' -c 'import transformers, safetensors' > /dev/null 2>&1";
-  if (std::system(probe.c_str()) != 0) {
-    return std::string(ZINF_VENV_PYTHON) +
-           " cannot import transformers and safetensors (made with --torch-only?): run "
-           "scripts/install-venv.sh";
-  }
-  return "";
+  return ::zinf::testing::venv_missing(ZINF_VENV_PYTHON, "transformers, safetensors");
 }
 
 TEST(TransformersInterop, FromPretrainedLoadsZeroToFp32OutputWithZinfsLogits) {
