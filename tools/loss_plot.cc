@@ -71,15 +71,18 @@ std::string write_loss_png(const LossCurve& curve, const std::string& png_path) 
     gp << "set title " << quoted(curve.title) << "\n";
     gp << "set xlabel 'step'\nset ylabel 'loss (nats/token)'\nset grid\n";
     gp << "set key top right\n";
-    if (curve.baseline) {
-      gp << "plot '-' with lines lw 2 lc rgb '#1f77b4' title 'train loss', "
-         << fmt::format("{:.6f}", *curve.baseline)
-         << " with lines dt 2 lw 2 lc rgb '#d62728' title "
-         << quoted(fmt::format("{} {:.3f}", curve.baseline_label, *curve.baseline)) << "\n";
-    } else {
-      gp << "plot '-' with lines lw 2 lc rgb '#1f77b4' title 'train loss'\n";
+    gp << "plot '-' with lines lw 2 lc rgb '#1f77b4' title 'train loss'";
+    if (!curve.eval_points.empty()) {
+      gp << ", '-' with linespoints lw 2 pt 7 ps 1.2 lc rgb '#2ca02c' title 'held-out loss'";
     }
+    if (curve.baseline) {
+      gp << ", " << fmt::format("{:.6f}", *curve.baseline)
+         << " with lines dt 2 lw 2 lc rgb '#d62728' title "
+         << quoted(fmt::format("{} {:.3f}", curve.baseline_label, *curve.baseline));
+    }
+    gp << "\n";
     gp.send1d(curve.points);
+    if (!curve.eval_points.empty()) gp.send1d(curve.eval_points);
     gp << "unset output\n";
   } catch (const std::exception& e) {
     return fmt::format("gnuplot failed: {}", e.what());

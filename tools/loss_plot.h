@@ -13,8 +13,9 @@
 namespace zinf::tools {
 
 struct LossCurve {
-  std::vector<std::pair<double, double>> points;  // (step, loss)
-  std::optional<double> baseline;                 // drawn as a horizontal line
+  std::vector<std::pair<double, double>> points;       // (step, loss)
+  std::vector<std::pair<double, double>> eval_points;  // (step, held-out loss), may be empty
+  std::optional<double> baseline;                      // drawn as a horizontal line
   std::string baseline_label = "unigram entropy";
   std::string title;
 };

@@ -8,12 +8,15 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <numeric>
+#include <string>
+#include <string_view>
 #include <thread>
 
 #include "engine/checkpoint.h"
@@ -338,9 +341,19 @@ int run_train(const TrainArgs& args) {
       }
     }
 
+    // What made the tokens (scripts/tokenize-text.py's sidecar), when the file has one.
+    const std::optional<data::TokenSidecar> sidecar =
+        args.data.empty() ? std::nullopt : data::read_token_sidecar(args.data, *source);
+
     std::optional<engine::LlamaConfig> model;
     if (hf) {
       model = hf->config();
+      if (sidecar && sidecar->vocab_size > static_cast<uint64_t>(model->vocab_size)) {
+        throw std::invalid_argument(fmt::format(
+            "--data {} was tokenized with a vocabulary of {} ids ({}), more than {}'s "
+            "vocab_size {}: the model has no embedding for the ids past it",
+            args.data, sidecar->vocab_size, sidecar->path, args.init_from, model->vocab_size));
+      }
       if (source->vocab_size() > static_cast<uint64_t>(model->vocab_size)) {
         throw std::invalid_argument(
             fmt::format("the data's token ids go up to {} but {}'s vocab_size is {}",
@@ -353,12 +366,51 @@ int run_train(const TrainArgs& args) {
       }
     } else {
       const std::string model_name = args.model.empty() ? kBareModel : args.model;
-      model = engine::named_llama(model_name, static_cast<int64_t>(source->vocab_size()));
+      // The tokenizer's whole vocabulary when a sidecar gives it (ids the data happens not to
+      // use still get embeddings), else the data's largest id + 1.
+      const uint64_t vocab =
+          std::max<uint64_t>(source->vocab_size(), sidecar ? sidecar->vocab_size : 0);
+      model = engine::named_llama(model_name, static_cast<int64_t>(vocab));
       if (!model) {
         throw std::invalid_argument(
             fmt::format("--model \"{}\" is not one of {}", model_name, engine::named_llama_list()));
       }
       model->max_seq_len = std::max(model->max_seq_len, seq_len);
+    }
+    // Held-out data: the same kinds of file, its ids checked against the model's vocabulary.
+    std::unique_ptr<data::TokenSource> eval_source;
+    std::string eval_tokenizer_note;
+    if (!args.eval_data.empty()) {
+      const auto vocab = static_cast<uint32_t>(model->vocab_size);
+      try {
+        eval_source = data::open_data(args.eval_data, 0, vocab);
+      } catch (const data::DataError& e) {
+        // An id past the vocabulary: say where the vocabulary came from.
+        const bool bad_id = std::string_view(e.what()).find("token id") != std::string_view::npos;
+        throw data::DataError(
+            fmt::format("--eval-data: {}{}", e.what(),
+                        !bad_id ? std::string()
+                        : hf    ? fmt::format(" (the vocab_size of {})", args.init_from)
+                             : std::string(" (the model's vocab_size, from the training data)")));
+      }
+      if (const auto eval_sidecar = data::read_token_sidecar(args.eval_data, *eval_source);
+          eval_sidecar && sidecar && eval_sidecar->tokenizer_sha256 != sidecar->tokenizer_sha256) {
+        eval_tokenizer_note = fmt::format(
+            "warning: --eval-data {} and --data {} were made by different tokenizers (sha256 "
+            "{:.12} and {:.12}): the held-out loss measures ids that mean other tokens",
+            args.eval_data, args.data, eval_sidecar->tokenizer_sha256, sidecar->tokenizer_sha256);
+      }
+      if (args.eval_batches < 1) {
+        throw std::invalid_argument(
+            fmt::format("--eval-batches {} must be >= 1", args.eval_batches));
+      }
+      if (args.eval_interval && *args.eval_interval < 1) {
+        throw std::invalid_argument(
+            fmt::format("--eval-interval {} must be >= 1", *args.eval_interval));
+      }
+    } else if (args.eval_interval) {
+      throw std::invalid_argument(
+          "--eval-interval without --eval-data: there is nothing to evaluate");
     }
     const auto params = static_cast<uint64_t>(model->parameter_count());
     const uint64_t states = params * kStateBytesPerParam;
@@ -468,6 +520,9 @@ int run_train(const TrainArgs& args) {
         kStateBytesPerParam,
         static_cast<double>(states) / static_cast<double>(options.memory_budget),
         options.accelerator, engine::format_bytes(options.memory_budget)));
+    if (const std::string notes = engine::architecture_notes(*model); !notes.empty()) {
+      say("  architecture: " + notes);
+    }
     if (cfg.zero.precision == zero::Precision::kFloat16 &&
         cfg.zinf.accelerator == config::AcceleratorType::kCpu) {
       say(fmt::format(
@@ -483,11 +538,67 @@ int run_train(const TrainArgs& args) {
     const double entropy = data::unigram_entropy_nats(*source);
     say(fmt::format("data: {}; unigram entropy {:.4f} nats/token (the loss to beat)",
                     source->description(), entropy));
+    if (sidecar) {
+      // Which tokenizer made the ids, and whether it is the model folder's own.
+      const std::string folder_hash = hf ? data::tokenizer_fingerprint(args.init_from) : "";
+      say(fmt::format(
+          "data: tokenized by {} from {} (tokenizer sha256 {:.12}, vocab {}, EOS {}, {} "
+          "documents){}",
+          sidecar->tokenizer_class.empty() ? "a tokenizer" : sidecar->tokenizer_class,
+          sidecar->tokenizer_source.empty() ? "?" : sidecar->tokenizer_source,
+          sidecar->tokenizer_sha256, sidecar->vocab_size,
+          sidecar->eos_id ? std::to_string(*sidecar->eos_id) : std::string("none"),
+          sidecar->documents,
+          !hf                   ? std::string()
+          : folder_hash.empty() ? fmt::format("; {} holds no tokenizer files to "
+                                              "compare",
+                                              args.init_from)
+          : folder_hash == sidecar->tokenizer_sha256
+              ? fmt::format("; the tokenizer of {}", args.init_from)
+              : std::string()));
+      if (hf && !folder_hash.empty() && folder_hash != sidecar->tokenizer_sha256) {
+        say(fmt::format(
+            "warning: --data {} was tokenized by a tokenizer whose files differ from {}'s "
+            "(sha256 {:.12} against {:.12}): its ids may mean other tokens to this model",
+            args.data, args.init_from, sidecar->tokenizer_sha256, folder_hash));
+      }
+    } else if (hf && data::is_token_file(args.data)) {
+      say(
+          fmt::format("data: {} has no sidecar ({}.json): nothing says which tokenizer made its "
+                      "ids (scripts/tokenize-text.py writes one)",
+                      args.data, args.data));
+    }
+    if (!eval_tokenizer_note.empty()) say(eval_tokenizer_note);
     say(
         fmt::format("batch: {} samples x {} tokens = {} tokens per step ({} per rank per "
                     "micro-batch x {} accumulation x {} rank(s)); {} steps",
                     global_batch, seq_len, tokens_per_step, micro,
                     cfg.zero.gradient_accumulation_steps, launch.world_size, steps));
+    // Evaluations: whole micro-batches of the file's first samples, each rank its share.
+    const int64_t eval_interval = args.eval_interval.value_or(std::max<int64_t>(1, steps / 10));
+    int64_t eval_batches = 0;
+    if (eval_source) {
+      const auto samples =
+          static_cast<int64_t>(eval_source->size() / static_cast<uint64_t>(seq_len + 1));
+      eval_batches = std::min<int64_t>(args.eval_batches, samples / (micro * launch.world_size));
+      if (eval_batches < 1) {
+        throw data::DataError(fmt::format(
+            "--eval-data {}: {} tokens hold {} samples of {} + 1 tokens, fewer than one "
+            "micro-batch on every rank ({} x {} rank(s))",
+            args.eval_data, eval_source->size(), samples, seq_len, micro, launch.world_size));
+      }
+      say(fmt::format(
+          "eval: {}; {} micro-batch(es) of {} x {} tokens per rank ({} tokens in all{}) before "
+          "training, {} and at the end",
+          eval_source->description(), eval_batches, micro, seq_len,
+          eval_batches * micro * launch.world_size * seq_len,
+          eval_batches < args.eval_batches
+              ? fmt::format("; --eval-batches {} asked for more than the file holds",
+                            args.eval_batches)
+              : std::string(),
+          eval_interval == 1 ? std::string("every step")
+                             : fmt::format("every {} steps", eval_interval)));
+    }
     if (swap) say(fmt::format("swap folder: {} (removed at the end)", swap->path()));
     if (save_folder) {
       const SaveFolderState& f = *save_folder;
@@ -551,6 +662,57 @@ int run_train(const TrainArgs& args) {
           engine::init_parameter(seed, name, full);
         });
 
+    // The loss of the loader's next micro-batch, its ids copied onto the engine's device (the
+    // embedding's backward keeps them).
+    auto micro_batch_loss = [&](data::SampleLoader& from, std::vector<int64_t>& x_ids,
+                                std::vector<int64_t>& y_ids) {
+      from.next(micro, x_ids, y_ids);
+      const at::TensorOptions ids = at::TensorOptions().dtype(at::kLong).device(eng.device());
+      const at::Tensor x = at::from_blob(x_ids.data(), {micro, seq_len}, at::kLong)
+                               .to(ids, /*non_blocking=*/false, /*copy=*/true);
+      const at::Tensor y = at::from_blob(y_ids.data(), {micro, seq_len}, at::kLong)
+                               .to(ids, /*non_blocking=*/false, /*copy=*/true);
+      return module->loss(x, y);
+    };
+    // The held-out loss: the mean over every rank's eval_batches micro-batches of the file's
+    // first samples (in file order, the same ones each time), with the partitioned model and
+    // no gradients; the training's state (data position, RNG, gradients) is untouched.
+    struct EvalPoint {
+      int64_t step;
+      double loss;
+    };
+    std::vector<EvalPoint> evals;
+    auto evaluate_held_out = [&](int64_t at_step) {
+      const Clock::time_point t0 = Clock::now();
+      data::LoaderOptions eo;
+      eo.seq_len = seq_len;
+      eo.rank = launch.rank;
+      eo.world_size = launch.world_size;
+      eo.shuffle = false;
+      data::SampleLoader eval_loader(*eval_source, eo);
+      std::vector<int64_t> x_ids, y_ids;
+      double sum = 0.0;
+      for (int64_t b = 0; b < eval_batches; ++b) {
+        const at::Tensor loss =
+            eng.evaluate([&] { return micro_batch_loss(eval_loader, x_ids, y_ids); });
+        sum += loss.item<double>();
+      }
+      if (eng.world_size() > 1) {
+        zero::host_all_reduce(eng.comm(), eng.accelerator(), &sum, 1, zero::DType::kFloat64,
+                              zero::ReduceOp::kSum);
+      }
+      const double mean_loss = sum / static_cast<double>(eval_batches * launch.world_size);
+      evals.push_back({at_step, mean_loss});
+      if (csv) csv->write("Train/Samples/eval_loss", eng.global_samples(), mean_loss);
+      if (lead) {
+        progress.print(fmt::format(
+            "eval at step {}: loss {:.4f}, perplexity {:.2f} ({} tokens held out, {:.2f} s)",
+            at_step, mean_loss, std::exp(mean_loss),
+            eval_batches * micro * launch.world_size * seq_len,
+            std::chrono::duration<double>(Clock::now() - t0).count()));
+      }
+    };
+
     std::vector<std::pair<double, double>> curve;
     std::vector<double> losses, tokens_per_s;
     std::vector<int64_t> inputs, targets;
@@ -579,6 +741,7 @@ int run_train(const TrainArgs& args) {
             step, steps, step + 1));
       }
     }
+    if (eval_source && step < steps) evaluate_held_out(step);
     int64_t saved_step = -1;
     auto save = [&] {
       const engine::CheckpointReport r =
@@ -620,16 +783,8 @@ int run_train(const TrainArgs& args) {
           abandoned = step + 1;
           break;
         }
-        const at::Tensor loss = eng.forward([&] {
-          loader.next(micro, inputs, targets);
-          // Copied onto the engine's device (the embedding's backward keeps the token ids).
-          const at::TensorOptions ids = at::TensorOptions().dtype(at::kLong).device(eng.device());
-          const at::Tensor x = at::from_blob(inputs.data(), {micro, seq_len}, at::kLong)
-                                   .to(ids, /*non_blocking=*/false, /*copy=*/true);
-          const at::Tensor y = at::from_blob(targets.data(), {micro, seq_len}, at::kLong)
-                                   .to(ids, /*non_blocking=*/false, /*copy=*/true);
-          return module->loss(x, y);
-        });
+        const at::Tensor loss =
+            eng.forward([&] { return micro_batch_loss(loader, inputs, targets); });
         eng.backward(loss);
         (void)eng.step();
         if (lead) progress.micro_batch(step + 1, mb + 1, accumulation);
@@ -646,6 +801,7 @@ int run_train(const TrainArgs& args) {
       tokens_per_s.push_back(r.tokens_per_second);
       if (lead) progress.update(step, r.loss, r.tokens_per_second);
       if (!args.save.empty() && args.save_interval > 0 && step % args.save_interval == 0) save();
+      if (eval_source && (step % eval_interval == 0 || step == steps)) evaluate_held_out(step);
     }
     if (sig == 0) sig = stop_signal();  // after the last step: report it, finish anyway
     // At the end, and at Ctrl-C (the loop stopped at a step boundary).
@@ -710,6 +866,15 @@ int run_train(const TrainArgs& args) {
           loss_end < entropy ? fmt::format("beaten by {:.4f}", entropy - loss_end)
                              : std::string("not beaten"));
       fmt::print("            {}\n", sparkline(losses, 60));
+      if (evals.size() > 0) {
+        const EvalPoint& first = evals.front();
+        const EvalPoint& last = evals.back();
+        fmt::print(
+            "eval loss   {:.4f} -> {:.4f} (perplexity {:.2f} -> {:.2f}) at steps {} -> {}, on "
+            "{} held-out tokens of {}\n",
+            first.loss, last.loss, std::exp(first.loss), std::exp(last.loss), first.step, last.step,
+            eval_batches * micro * launch.world_size * seq_len, args.eval_data);
+      }
       if (cfg.zero.precision == zero::Precision::kFloat16) {
         fmt::print(
             "fp16        loss scale {:g} -> {:g}; {} of {} steps skipped (gradient overflow)\n",
@@ -718,6 +883,9 @@ int run_train(const TrainArgs& args) {
       if (!args.plot.empty()) {
         LossCurve lc;
         lc.points = curve;
+        for (const EvalPoint& e : evals) {
+          lc.eval_points.emplace_back(static_cast<double>(e.step), e.loss);
+        }
         lc.baseline = entropy;
         lc.title = fmt::format("zinf train: {} ({:.2f} M params), {}", model->name,
                                static_cast<double>(params) / 1e6, source->description());

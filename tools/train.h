@@ -2,7 +2,8 @@
 // DeepSpeed JSON config, on a text or pre-tokenized corpus (engine/data), with a progress bar
 // on a terminal (plain lines elsewhere), csv_monitor files when the config asks for them, an
 // end-of-run summary (model size, tokens/s, per-tier planned and measured peaks, the loss
-// curve against the corpus's unigram entropy) and a PNG of the loss curve.
+// curve against the corpus's unigram entropy, the held-out loss with --eval-data) and a PNG of
+// the loss curve (and the held-out loss).
 //
 // Run bare (no --config) it uses an embedded default (default_train_config()): stage 3 with
 // params and optimizer on NVMe in a temporary folder, fp32, the CPU accelerator with a budget
@@ -44,6 +45,12 @@ struct TrainArgs {
   std::string load;           // resume from this folder's `latest` (or `tag`)
   std::string tag;            // the checkpoint --load reads
   bool overwrite = false;     // --save may replace another run's checkpoints (tag by tag)
+  // Held-out evaluation: the mean loss (and perplexity) of the first eval_batches
+  // micro-batches of eval_data, in file order, computed by the same partitioned model without
+  // gradients, before training, every eval_interval steps and at the end. Empty: none.
+  std::string eval_data;
+  std::optional<int64_t> eval_interval;  // unset: about a tenth of the run (steps / 10, >= 1)
+  int64_t eval_batches = 8;              // per rank, each of micro-batch samples
 };
 
 inline constexpr const char* kBareModel = "small";

@@ -65,6 +65,16 @@ void add_train_commands(CLI::App& app, int& exit_code) {
                 "Let --save write into a folder holding another run's checkpoints (without "
                 "it, only a run that --load's from that folder may); they are replaced tag by "
                 "tag, files zinf did not write are never touched");
+  cmd->add_option("--eval-data", args->eval_data,
+                  "Held-out data (a file as --data takes): its loss and perplexity before "
+                  "training, every --eval-interval steps and at the end, in the log, "
+                  "csv_monitor (Train_Samples_eval_loss.csv), the plot and the summary");
+  cmd->add_option("--eval-interval", args->eval_interval,
+                  "Steps between evaluations (default: a tenth of --steps)");
+  cmd->add_option("--eval-batches", args->eval_batches,
+                  "Micro-batches per rank in one evaluation, in file order (fewer when the "
+                  "file holds fewer)")
+      ->capture_default_str();
   cmd->callback([args, &exit_code] { exit_code = run_train(*args); });
 
   auto eargs = std::make_shared<EstimateArgs>();

@@ -22,7 +22,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -65,6 +67,41 @@ class TokenSource {
 [[nodiscard]] std::unique_ptr<TokenSource> open_data(const std::string& path,
                                                      uint32_t vocab_size = 0,
                                                      uint32_t max_vocab = 0);
+
+// Whether open_data reads `path` as a token file (its suffix is .u16, .bin16, .u32 or .bin32).
+[[nodiscard]] bool is_token_file(const std::string& path) noexcept;
+
+// What made a token file: the sidecar `<file>.json` that scripts/tokenize-text.py writes beside
+// it ("format": "zinf-tokens/1").
+struct TokenSidecar {
+  std::string path;              // the sidecar file
+  std::string tokenizer_class;   // "PreTrainedTokenizerFast", ...
+  std::string tokenizer_source;  // the model folder the tokenizer was read from
+  std::string tokenizer_sha256;  // combined over tokenizer_files (see tokenizer_fingerprint)
+  std::map<std::string, std::string> tokenizer_files;  // file name -> SHA-256
+  uint64_t vocab_size = 0;                             // the tokenizer's, added tokens included
+  std::optional<uint64_t> eos_id;
+  std::optional<uint64_t> bos_id;
+  uint64_t tokens = 0;
+  uint64_t documents = 0;
+  int width = 0;  // bytes per id
+};
+
+// The sidecar of the token file `data_path` (`data_path` + ".json"), nullopt when there is
+// none or the file is not a token file (by open_data's suffix rule). Throws DataError naming
+// the sidecar and the key when it is malformed, or when it does not describe `source` (the
+// token count and the id width differ: it was written for another file).
+[[nodiscard]] std::optional<TokenSidecar> read_token_sidecar(const std::string& data_path,
+                                                             const TokenSource& source);
+
+// The tokenizer files of a Hugging Face model folder, hashed as tokenize-text.py hashes them:
+// the SHA-256 of "name\0<sha256 of the file>\n" over the files present among
+// kTokenizerFiles, in name order. "" when the folder holds none.
+inline constexpr const char* kTokenizerFiles[] = {
+    "added_tokens.json", "merges.txt",      "special_tokens_map.json",
+    "tokenizer.json",    "tokenizer.model", "tokenizer_config.json",
+    "vocab.json"};
+[[nodiscard]] std::string tokenizer_fingerprint(const std::string& folder);
 
 // The default corpus: the fortunes files' text concatenated (byte-level), or, when none is
 // found under `fortunes_dir`, a generated text corpus; `note` receives one line saying which

@@ -40,6 +40,7 @@ class ConfigReader {
   [[noreturn]] void fail(const std::string& key, const std::string& what) const {
     throw HfCheckpointError(fmt::format("{}: \"{}\" {}", path_, key, what));
   }
+  const nlohmann::json& root() const { return root_; }
   // The value of `key`, or nullptr when absent or null.
   const nlohmann::json* get(const std::string& key) const {
     const auto it = root_.find(key);
@@ -116,6 +117,171 @@ void release_pages(std::span<const uint8_t> bytes) {
   }
 }
 
+// The rotary settings: transformers 5.x writes "rope_parameters" ({"rope_type", "rope_theta",
+// and the type's keys}); older configs a top-level "rope_theta" and "rope_scaling" ({"type" or
+// "rope_type", ...}). Both are read, rope_scaling over rope_parameters. *theta receives the
+// base (rope_parameters' rope_theta over the top-level one).
+RopeScaling read_rope_scaling(const ConfigReader& r, const std::string& config_path, double* theta,
+                              int64_t max_positions) {
+  nlohmann::json merged = nlohmann::json::object();
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    const nlohmann::json* v = r.get(key);
+    if (v == nullptr) continue;
+    if (!v->is_object()) r.fail(key, fmt::format("must be an object or null, not {}", v->dump()));
+    for (const auto& [name, value] : v->items()) {
+      if (value.is_object()) {
+        r.fail(key, fmt::format("holds \"{}\": {}: rotary settings per layer type are not "
+                                "something zinf's decoder computes",
+                                name, value.dump()));
+      }
+      merged[name] = value;
+    }
+  }
+  const std::string where =
+      config_path +
+      (r.get("rope_scaling") != nullptr ? " \"rope_scaling\"" : " \"rope_parameters\"");
+  const ConfigReader nested(where, merged);
+  *theta = nested.number_or("rope_theta", *theta);
+  const char* type_key = nested.get("rope_type") != nullptr ? "rope_type" : "type";
+  const std::string type = nested.string_or(type_key, "default");
+  if (nested.get("partial_rotary_factor") != nullptr &&
+      nested.number_or("partial_rotary_factor", 1.0) != 1.0) {
+    nested.fail("partial_rotary_factor", "must be 1.0: zinf rotates whole heads");
+  }
+  RopeScaling s;
+  if (type == "default") return s;
+  if (type == "linear") {
+    s.type = RopeType::kLinear;
+  } else if (type == "dynamic") {
+    s.type = RopeType::kDynamic;
+  } else if (type == "llama3") {
+    s.type = RopeType::kLlama3;
+  } else if (type == "yarn") {
+    s.type = RopeType::kYarn;
+  } else {
+    nested.fail(type_key, fmt::format("is \"{}\": zinf computes the rotary types \"default\", "
+                                      "\"linear\", \"dynamic\", \"llama3\" and \"yarn\"",
+                                      type));
+  }
+  auto required = [&](const char* key) {
+    if (nested.get(key) == nullptr) {
+      nested.fail(key, fmt::format("is missing: rotary type \"{}\" needs it", type));
+    }
+    return nested.number_or(key, 1.0);
+  };
+  // The pretraining context of llama3 and yarn: a top-level original_max_position_embeddings
+  // wins (as transformers reads Phi-3-style configs), then the nested one, then
+  // max_position_embeddings.
+  auto original_positions = [&] {
+    if (r.get("original_max_position_embeddings") != nullptr) {
+      return r.positive("original_max_position_embeddings");
+    }
+    return nested.positive_or("original_max_position_embeddings", max_positions);
+  };
+  switch (s.type) {
+    case RopeType::kLinear:
+    case RopeType::kDynamic:
+      s.factor = required("factor");
+      break;
+    case RopeType::kLlama3:
+      s.factor = required("factor");
+      s.low_freq_factor = required("low_freq_factor");
+      s.high_freq_factor = required("high_freq_factor");
+      s.original_max_position_embeddings = original_positions();
+      if (s.high_freq_factor <= s.low_freq_factor) {
+        nested.fail("high_freq_factor", fmt::format("is {}: it must exceed low_freq_factor ({})",
+                                                    s.high_freq_factor, s.low_freq_factor));
+      }
+      break;
+    case RopeType::kYarn: {
+      s.original_max_position_embeddings = original_positions();
+      s.factor = nested.get("factor") != nullptr
+                     ? nested.number_or("factor", 1.0)
+                     : static_cast<double>(max_positions) /
+                           static_cast<double>(s.original_max_position_embeddings);
+      // 0 or absent: the defaults (transformers reads them with `or`).
+      auto or_default = [&](const char* key, double fallback) {
+        const nlohmann::json* v = nested.get(key);
+        if (v == nullptr) return fallback;
+        if (!v->is_number()) nested.fail(key, fmt::format("must be a number, not {}", v->dump()));
+        return v->get<double>() == 0.0 ? fallback : v->get<double>();
+      };
+      s.beta_fast = or_default("beta_fast", 32.0);
+      s.beta_slow = or_default("beta_slow", 1.0);
+      s.truncate = nested.boolean_or("truncate", true);
+      auto mscale_of = [](double scale, double mscale) {
+        return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+      };
+      if (nested.get("attention_factor") != nullptr) {
+        s.attention_factor = nested.number_or("attention_factor", 1.0);
+      } else {
+        const double mscale = or_default("mscale", 0.0);
+        const double mscale_all_dim = or_default("mscale_all_dim", 0.0);
+        s.attention_factor = mscale != 0.0 && mscale_all_dim != 0.0
+                                 ? mscale_of(s.factor, mscale) / mscale_of(s.factor, mscale_all_dim)
+                                 : mscale_of(s.factor, 1.0);
+      }
+      break;
+    }
+    case RopeType::kDefault:
+      break;
+  }
+  return s;
+}
+
+// Each layer's attention window (empty: none), as transformers decides it per family: Mistral
+// slides every layer over sliding_window (4096 when the key is absent; null: no window);
+// Qwen2 and Qwen3 only when use_sliding_window is true, on the layers layer_types marks
+// "sliding_attention" (or, without layer_types, from max_window_layers on). A Llama has none.
+std::vector<int64_t> read_attention_windows(const ConfigReader& r, const std::string& model_type,
+                                            int64_t layers) {
+  auto window_of = [&](int64_t fallback) -> int64_t {
+    const auto it = r.root().find("sliding_window");
+    if (it == r.root().end()) return fallback;
+    if (it->is_null()) return 0;
+    return r.positive("sliding_window");
+  };
+  if (model_type == "mistral") {
+    const int64_t window = window_of(4096);
+    return window == 0 ? std::vector<int64_t>{}
+                       : std::vector<int64_t>(static_cast<size_t>(layers), window);
+  }
+  if (model_type != "qwen2" && model_type != "qwen3") return {};
+  const int64_t window = r.boolean_or("use_sliding_window", false) ? window_of(4096) : 0;
+  std::vector<int64_t> windows(static_cast<size_t>(layers), 0);
+  if (const nlohmann::json* types = r.get("layer_types")) {
+    if (!types->is_array() || types->size() != static_cast<size_t>(layers)) {
+      r.fail("layer_types", fmt::format("must list one type for each of the {} layers, not {}",
+                                        layers, types->dump()));
+    }
+    for (size_t i = 0; i < windows.size(); ++i) {
+      const nlohmann::json& t = (*types)[i];
+      if (t == "full_attention") continue;
+      if (t != "sliding_attention") {
+        r.fail("layer_types", fmt::format("has {} at {}: zinf computes \"full_attention\" and "
+                                          "\"sliding_attention\"",
+                                          t.dump(), i));
+      }
+      windows[i] = window;
+    }
+  } else if (window > 0) {
+    int64_t first = 28;  // Qwen2Config's and Qwen3Config's default
+    if (const nlohmann::json* m = r.get("max_window_layers")) {
+      if (!m->is_number_integer()) {
+        r.fail("max_window_layers", fmt::format("must be an integer, not {}", m->dump()));
+      }
+      first = m->get<int64_t>();
+    }
+    for (int64_t i = std::max<int64_t>(first, 0); i < layers; ++i) {
+      windows[static_cast<size_t>(i)] = window;
+    }
+  }
+  for (int64_t w : windows) {
+    if (w > 0) return windows;
+  }
+  return {};
+}
+
 }  // namespace
 
 LlamaConfig read_hf_llama_config(const std::string& config_path, std::string* torch_dtype) {
@@ -137,35 +303,29 @@ LlamaConfig read_hf_llama_config(const std::string& config_path, std::string* to
   }
   const ConfigReader r(config_path, root);
 
+  // The families whose decoder zinf's model computes (what differs between them is read
+  // below, with each family's own defaults for keys config.json leaves out).
   const std::string model_type = r.string_or("model_type", "llama");
-  if (model_type != "llama") {
-    r.fail("model_type", fmt::format("is \"{}\": zinf's reference model is a Llama", model_type));
+  if (model_type != "llama" && model_type != "mistral" && model_type != "qwen2" &&
+      model_type != "qwen3") {
+    r.fail("model_type", fmt::format("is \"{}\": zinf's decoder computes \"llama\", \"mistral\", "
+                                     "\"qwen2\" and \"qwen3\" models",
+                                     model_type));
   }
+  const bool qwen = model_type == "qwen2" || model_type == "qwen3";
   LlamaConfig c;
   c.name = fs::path(config_path).parent_path().filename().string();
+  c.model_type = model_type;
   c.hidden_size = r.positive("hidden_size");
   c.intermediate_size = r.positive("intermediate_size");
   c.num_layers = r.positive("num_hidden_layers");
   c.num_heads = r.positive("num_attention_heads");
   c.vocab_size = r.positive("vocab_size");
-  c.max_seq_len = r.positive_or("max_position_embeddings", 2048);
+  const int64_t default_positions = model_type == "mistral" ? 131072 : qwen ? 32768 : 2048;
+  c.max_seq_len = r.positive_or("max_position_embeddings", default_positions);
   c.rms_norm_eps = r.number_or("rms_norm_eps", 1e-6);
   c.rope_theta = r.number_or("rope_theta", 10000.0);
-  // Recent transformers (5.x) write the rotary settings as "rope_parameters": {"rope_theta":
-  // ..., "rope_type": "default"}; only the default (unscaled) type is what the model computes.
-  if (const nlohmann::json* rope = r.get("rope_parameters")) {
-    if (!rope->is_object()) {
-      r.fail("rope_parameters", fmt::format("must be an object, not {}", rope->dump()));
-    }
-    const ConfigReader nested(config_path + " \"rope_parameters\"", *rope);
-    c.rope_theta = nested.number_or("rope_theta", c.rope_theta);
-    const std::string type = nested.string_or("rope_type", "default");
-    if (type != "default") {
-      nested.fail("rope_type", fmt::format("is \"{}\": zinf's Llama supports plain rotary "
-                                           "positions only (\"default\")",
-                                           type));
-    }
-  }
+  c.rope_scaling = read_rope_scaling(r, config_path, &c.rope_theta, c.max_seq_len);
   c.tie_embeddings = r.boolean_or("tie_word_embeddings", false);
 
   // Grouped-query attention (Llama 3, Mistral, Qwen2, SmolLM, TinyLlama): each key/value head
@@ -175,30 +335,47 @@ LlamaConfig read_hf_llama_config(const std::string& config_path, std::string* to
     r.fail("num_key_value_heads", fmt::format("is {}: it must divide num_attention_heads ({})",
                                               c.num_kv_heads, c.num_heads));
   }
-  if (r.get("head_dim") != nullptr && !r.get("head_dim")->is_null()) {
+  if (r.get("head_dim") != nullptr) {
     c.head_dim = r.positive("head_dim");
-    if (c.head_dim % 2 != 0) {
-      r.fail("head_dim", fmt::format("is {}: rotary positions need an even head size", c.head_dim));
-    }
+  } else if (model_type == "qwen3") {
+    c.head_dim = 128;  // Qwen3Config's default, whatever hidden_size / heads is
   } else if (c.hidden_size % c.num_heads != 0) {
     r.fail("num_attention_heads",
            fmt::format("is {} and hidden_size {} is not a multiple of it: give head_dim",
                        c.num_heads, c.hidden_size));
   }
+  if (c.head_size() % 2 != 0) {
+    r.fail("head_dim",
+           fmt::format("is {}: rotary positions need an even head size", c.head_size()));
+  }
   const std::string act = r.string_or("hidden_act", "silu");
   if (act != "silu") {
-    r.fail("hidden_act", fmt::format("is \"{}\": zinf's Llama MLP is SwiGLU (\"silu\")", act));
+    r.fail("hidden_act", fmt::format("is \"{}\": the MLP zinf computes is SwiGLU (\"silu\")", act));
   }
-  for (const char* key : {"attention_bias", "mlp_bias"}) {
-    if (r.boolean_or(key, false)) {
-      r.fail(key, "is true: zinf's Llama projections have no bias");
+  if (const nlohmann::json* dropout = r.get("attention_dropout")) {
+    if (!dropout->is_number() || dropout->get<double>() != 0.0) {
+      r.fail("attention_dropout",
+             fmt::format("is {}: zinf trains without attention dropout (0.0)", dropout->dump()));
     }
   }
-  if (const nlohmann::json* scaling = r.get("rope_scaling")) {
-    r.fail("rope_scaling",
-           fmt::format("is {}: zinf's Llama supports plain rotary positions only (null)",
-                       scaling->dump()));
+  if (r.get("partial_rotary_factor") != nullptr &&
+      r.number_or("partial_rotary_factor", 1.0) != 1.0) {
+    r.fail("partial_rotary_factor", fmt::format("is {}: zinf rotates whole heads (1.0)",
+                                                r.get("partial_rotary_factor")->dump()));
   }
+
+  // Biases and norms, per family: Llama's attention_bias covers q, k, v and o, its mlp_bias
+  // the MLP; Mistral has none; Qwen2 always has q, k and v biases and no other; Qwen3 has
+  // attention_bias like Llama and an RMSNorm on each query and key head.
+  if (model_type == "llama" || model_type == "qwen3") {
+    c.qkv_bias = c.o_bias = r.boolean_or("attention_bias", false);
+  } else if (model_type == "qwen2") {
+    c.qkv_bias = true;
+  }
+  if (model_type == "llama") c.mlp_bias = r.boolean_or("mlp_bias", false);
+  c.qk_norm = model_type == "qwen3";
+
+  c.attention_windows = read_attention_windows(r, model_type, c.num_layers);
   // Recent transformers write "dtype" where older ones wrote "torch_dtype".
   const char* dtype_key =
       r.get("torch_dtype") == nullptr && r.get("dtype") != nullptr ? "dtype" : "torch_dtype";
@@ -298,9 +475,9 @@ void HfCheckpoint::check_tensors() const {
         continue;
       }
       throw HfCheckpointError(
-          fmt::format("{}: tensor \"{}\" is not a parameter of the Llama model config.json "
+          fmt::format("{}: tensor \"{}\" is not a parameter of the {} model config.json "
                       "describes (zinf does not drop weights silently)",
-                      reader.name(), t.name));
+                      reader.name(), t.name, config_.model_type));
     }
   };
   if (sharded_) {

@@ -3,12 +3,16 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
 #include <utility>
+
+#include "engine/model/attention.h"
 
 namespace zinf::engine {
 namespace {
@@ -30,22 +34,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// LibTorch 1.13 has no CPU kernels for these ops in fp16 (matmul's addmm and bmm, SiLU): on a
-// CPU fp16 tensor they run in fp32 and round the result to fp16, as a GPU's fp16 GEMM
-// accumulates in fp32 and rounds its output. The casts are autograd ops, so gradients flow
-// back through them and arrive in fp16. Every other dtype and device takes LibTorch's kernel
-// unchanged (fp32 and bf16 results are bit-identical to calling it directly).
-bool fp16_on_cpu(const at::Tensor& t) {
-  return t.scalar_type() == at::kHalf && t.device().is_cpu();
-}
-
-at::Tensor portable_matmul(const at::Tensor& a, const at::Tensor& b) {
-  if (!fp16_on_cpu(a) && !fp16_on_cpu(b)) {
-    return at::matmul(a, b);
-  }
-  return at::matmul(a.to(at::kFloat), b.to(at::kFloat)).to(at::kHalf);
-}
-
+// SiLU has no LibTorch 1.13 CPU kernel in fp16 either: portable_matmul's rule (attention.h).
 at::Tensor portable_silu(const at::Tensor& x) {
   if (!fp16_on_cpu(x)) {
     return at::silu(x);
@@ -61,11 +50,25 @@ at::Tensor rotate_half(const at::Tensor& x) {
 }  // namespace
 
 int64_t LlamaConfig::parameter_count() const noexcept {
-  const int64_t h = hidden_size;
-  const int64_t q = num_heads * head_size();
-  const int64_t kv = kv_heads() * head_size();
-  const int64_t per_layer = 2 * h * q + 2 * h * kv + 3 * h * intermediate_size + 2 * h;
-  return vocab_size * h * (tie_embeddings ? 1 : 2) + num_layers * per_layer + h;
+  int64_t total = 0;
+  for (const LlamaParameterShape& p : llama_parameter_shapes(*this)) total += p.numel;
+  return total;
+}
+
+const char* rope_type_name(RopeType type) noexcept {
+  switch (type) {
+    case RopeType::kDefault:
+      return "default";
+    case RopeType::kLinear:
+      return "linear";
+    case RopeType::kDynamic:
+      return "dynamic";
+    case RopeType::kLlama3:
+      return "llama3";
+    case RopeType::kYarn:
+      return "yarn";
+  }
+  return "?";
 }
 
 void LlamaConfig::validate() const {
@@ -98,6 +101,70 @@ void LlamaConfig::validate() const {
     throw std::invalid_argument(fmt::format(
         "model num_heads {} must be a multiple of num_kv_heads {}", num_heads, kv_heads()));
   }
+  if (!attention_windows.empty() && attention_windows.size() != static_cast<size_t>(num_layers)) {
+    throw std::invalid_argument(fmt::format("model attention_windows has {} entries for {} layers",
+                                            attention_windows.size(), num_layers));
+  }
+  for (int64_t w : attention_windows) {
+    if (w < 0) {
+      throw std::invalid_argument(fmt::format("model attention window {} must not be negative", w));
+    }
+  }
+  const RopeScaling& r = rope_scaling;
+  if (r.type != RopeType::kDefault && !(r.factor > 0.0)) {
+    throw std::invalid_argument(
+        fmt::format("model rope_scaling factor {} must be positive", r.factor));
+  }
+  if ((r.type == RopeType::kLlama3 || r.type == RopeType::kYarn) &&
+      r.original_max_position_embeddings <= 0) {
+    throw std::invalid_argument(
+        fmt::format("model rope_scaling of type {} needs original_max_position_embeddings",
+                    rope_type_name(r.type)));
+  }
+  if (r.type == RopeType::kLlama3 && !(r.high_freq_factor > r.low_freq_factor)) {
+    throw std::invalid_argument(
+        fmt::format("model rope_scaling high_freq_factor {} must exceed low_freq_factor {}",
+                    r.high_freq_factor, r.low_freq_factor));
+  }
+}
+
+std::string architecture_notes(const LlamaConfig& c) {
+  std::vector<std::string> notes;
+  if (c.model_type != "llama") notes.push_back(c.model_type);
+  std::vector<std::string> biases;
+  if (c.qkv_bias) biases.emplace_back("q/k/v");
+  if (c.o_bias) biases.emplace_back("o");
+  if (c.mlp_bias) biases.emplace_back("MLP");
+  if (!biases.empty()) notes.push_back(fmt::format("{} biases", fmt::join(biases, ", ")));
+  if (c.qk_norm) notes.emplace_back("q/k RMSNorm");
+  const RopeScaling& r = c.rope_scaling;
+  switch (r.type) {
+    case RopeType::kDefault:
+      break;
+    case RopeType::kLinear:
+    case RopeType::kDynamic:
+      notes.push_back(fmt::format("rotary {} x{:g}", rope_type_name(r.type), r.factor));
+      break;
+    case RopeType::kLlama3:
+      notes.push_back(fmt::format("rotary llama3 x{:g} (from {} positions)", r.factor,
+                                  r.original_max_position_embeddings));
+      break;
+    case RopeType::kYarn:
+      notes.push_back(fmt::format("rotary yarn x{:g} (from {} positions, attention factor {:.4g})",
+                                  r.factor, r.original_max_position_embeddings,
+                                  r.attention_factor));
+      break;
+  }
+  int64_t sliding = 0;
+  int64_t window = 0;
+  for (int64_t w : c.attention_windows) {
+    if (w > 0) ++sliding, window = std::max(window, w);
+  }
+  if (sliding > 0) {
+    notes.push_back(
+        fmt::format("sliding window {} on {} of {} layers", window, sliding, c.num_layers));
+  }
+  return fmt::format("{}", fmt::join(notes, "; "));
 }
 
 std::optional<LlamaConfig> named_llama(const std::string& name, int64_t vocab_size) {
@@ -143,13 +210,22 @@ std::vector<LlamaParameterShape> llama_parameter_shapes(const LlamaConfig& c) {
     const std::string p = fmt::format("model.layers.{}.", i);
     const int64_t q = c.num_heads * c.head_size();
     const int64_t kv = c.kv_heads() * c.head_size();
-    add(p + "self_attn.q_proj.weight", {q, h}, true);
-    add(p + "self_attn.k_proj.weight", {kv, h}, true);
-    add(p + "self_attn.v_proj.weight", {kv, h}, true);
-    add(p + "self_attn.o_proj.weight", {h, q}, true);
-    add(p + "mlp.gate_proj.weight", {inter, h}, true);
-    add(p + "mlp.up_proj.weight", {inter, h}, true);
-    add(p + "mlp.down_proj.weight", {h, inter}, true);
+    // In transformers' registration order: each projection's weight, then its bias.
+    auto projection = [&](const std::string& name, int64_t rows, int64_t cols, bool bias) {
+      add(p + name + ".weight", {rows, cols}, true);
+      if (bias) add(p + name + ".bias", {rows}, true);
+    };
+    projection("self_attn.q_proj", q, h, c.qkv_bias);
+    projection("self_attn.k_proj", kv, h, c.qkv_bias);
+    projection("self_attn.v_proj", kv, h, c.qkv_bias);
+    projection("self_attn.o_proj", h, q, c.o_bias);
+    if (c.qk_norm) {
+      add(p + "self_attn.q_norm.weight", {c.head_size()}, true);
+      add(p + "self_attn.k_norm.weight", {c.head_size()}, true);
+    }
+    projection("mlp.gate_proj", inter, h, c.mlp_bias);
+    projection("mlp.up_proj", inter, h, c.mlp_bias);
+    projection("mlp.down_proj", h, inter, c.mlp_bias);
     add(p + "input_layernorm.weight", {h}, true);
     add(p + "post_attention_layernorm.weight", {h}, true);
   }
@@ -169,8 +245,16 @@ uint64_t llama_activation_bytes(const LlamaConfig& c, int64_t batch, int64_t seq
   // One layer recomputed with grad: norms, q/k/v/o and rotary copies (~8 h), the MLP's
   // gate/up/silu/product (4 inter), scores and probabilities in fp32 and the dtype; their
   // gradients about as much again.
-  const uint64_t scores = static_cast<uint64_t>(batch) * static_cast<uint64_t>(c.num_heads) *
-                          static_cast<uint64_t>(seq) * static_cast<uint64_t>(seq) * (4 + 4 + e);
+  // Past full_scores_limit() the attention holds one chunk of them (about 16 MiB of fp32)
+  // and fp32 accumulators for the key and value gradients instead (attention.h).
+  const uint64_t score_elements = static_cast<uint64_t>(batch) *
+                                  static_cast<uint64_t>(c.num_heads) * static_cast<uint64_t>(seq) *
+                                  static_cast<uint64_t>(seq);
+  const uint64_t scores =
+      score_elements * 4 <= full_scores_limit()
+          ? score_elements * (4 + 4 + e)
+          : (uint64_t{16} << 20) / 4 * (4 + 4 + e) +
+                2 * tokens * static_cast<uint64_t>(c.num_heads * c.head_size()) * 4;
   const uint64_t layer = 2 * (tokens * (8 * h + 4 * inter) * e + scores);
   // fp32 logits, their softmax and gradient.
   const uint64_t logits = 3 * tokens * static_cast<uint64_t>(c.vocab_size) * 4;
@@ -189,8 +273,9 @@ torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
   return (normed * weight.to(at::kFloat)).to(x.scalar_type());
 }
 
-ProjectionImpl::ProjectionImpl(int64_t in, int64_t out, at::ScalarType dtype) {
+ProjectionImpl::ProjectionImpl(int64_t in, int64_t out, at::ScalarType dtype, bool with_bias) {
   weight = register_parameter("weight", at::empty({out, in}, dtype));
+  if (with_bias) bias = register_parameter("bias", at::empty({out}, dtype));
 }
 
 ProjectionImpl::ProjectionImpl(torch::Tensor shared_weight) {
@@ -198,7 +283,8 @@ ProjectionImpl::ProjectionImpl(torch::Tensor shared_weight) {
 }
 
 torch::Tensor ProjectionImpl::forward(const torch::Tensor& x) {
-  return portable_matmul(x, weight.t());
+  const at::Tensor y = portable_matmul(x, weight.t());
+  return bias.defined() ? y + bias : y;
 }
 
 EmbeddingImpl::EmbeddingImpl(int64_t vocab, int64_t dim, at::ScalarType dtype) {
@@ -209,38 +295,119 @@ torch::Tensor EmbeddingImpl::forward(const torch::Tensor& tokens) {
   return at::embedding(weight, tokens);
 }
 
-AttentionImpl::AttentionImpl(const LlamaConfig& c)
-    : heads(c.num_heads),
+at::Tensor rope_inverse_frequencies(const LlamaConfig& c, int64_t seq, at::Device device,
+                                    double* scaling) {
+  // Computed in fp32 with the ops transformers uses, so the angles agree to the last bit
+  // where the formulas are the same.
+  const at::TensorOptions f32 = at::TensorOptions().device(device).dtype(at::kFloat);
+  const int64_t dim = c.head_size();
+  const RopeScaling& r = c.rope_scaling;
+  *scaling = 1.0;
+  double base = c.rope_theta;
+  if (r.type == RopeType::kDynamic) {
+    // NTK-aware: past max_position_embeddings the base grows with the sequence.
+    const double len = static_cast<double>(std::max(seq, c.max_seq_len));
+    base *= std::pow(r.factor * len / static_cast<double>(c.max_seq_len) - (r.factor - 1.0),
+                     static_cast<double>(dim) / static_cast<double>(dim - 2));
+  }
+  const at::Tensor exponents = at::arange(0, dim, 2, f32) / static_cast<double>(dim);
+  const at::Tensor powers = at::pow(base, exponents);  // base^(2i / dim)
+  at::Tensor inv_freq = 1.0 / powers;
+  switch (r.type) {
+    case RopeType::kDefault:
+    case RopeType::kDynamic:
+      break;
+    case RopeType::kLinear:
+      inv_freq = inv_freq / r.factor;
+      break;
+    case RopeType::kLlama3: {
+      // Long wavelengths are divided by the factor, short ones kept, the band between blended.
+      const double old_len = static_cast<double>(r.original_max_position_embeddings);
+      const double low_wavelen = old_len / r.low_freq_factor;
+      const double high_wavelen = old_len / r.high_freq_factor;
+      const at::Tensor wavelen = (2.0 * M_PI) / inv_freq;
+      const at::Tensor scaled = at::where(wavelen > low_wavelen, inv_freq / r.factor, inv_freq);
+      const at::Tensor smooth =
+          (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+      const at::Tensor blended = (1 - smooth) * scaled / r.factor + smooth * scaled;
+      const at::Tensor medium =
+          at::logical_not(wavelen < high_wavelen) * at::logical_not(wavelen > low_wavelen);
+      inv_freq = at::where(medium, blended, scaled);
+      break;
+    }
+    case RopeType::kYarn: {
+      // Dimensions rotating fewer than beta_slow times over the original context are
+      // interpolated (divided by the factor), those rotating more than beta_fast times kept,
+      // with a linear ramp between; cos and sin are scaled by the attention factor.
+      const double d = static_cast<double>(dim);
+      const double original = static_cast<double>(r.original_max_position_embeddings);
+      auto correction_dim = [&](double rotations) {
+        return d * std::log(original / (rotations * 2.0 * M_PI)) / (2.0 * std::log(base));
+      };
+      double low = correction_dim(r.beta_fast);
+      double high = correction_dim(r.beta_slow);
+      if (r.truncate) {
+        low = std::floor(low);
+        high = std::ceil(high);
+      }
+      low = std::max(low, 0.0);
+      high = std::min(high, d - 1.0);
+      if (low == high) high += 0.001;
+      const at::Tensor ramp = at::clamp((at::arange(dim / 2, f32) - low) / (high - low), 0.0, 1.0);
+      const at::Tensor keep = 1.0 - ramp;  // 1: extrapolate (keep), 0: interpolate
+      const at::Tensor interpolated = 1.0 / (r.factor * powers);
+      inv_freq = interpolated * (1.0 - keep) + inv_freq * keep;
+      *scaling = r.attention_factor;
+      break;
+    }
+  }
+  return inv_freq;
+}
+
+AttentionImpl::AttentionImpl(const LlamaConfig& c, int64_t layer)
+    : config(c),
+      heads(c.num_heads),
       kv_heads(c.kv_heads()),
       head_dim(c.head_size()),
-      rope_theta(c.rope_theta) {
+      window(c.attention_window(layer)) {
   const int64_t q = heads * head_dim;
   const int64_t kv = kv_heads * head_dim;
-  q_proj = register_module("q_proj", Projection(c.hidden_size, q, c.dtype));
-  k_proj = register_module("k_proj", Projection(c.hidden_size, kv, c.dtype));
-  v_proj = register_module("v_proj", Projection(c.hidden_size, kv, c.dtype));
-  o_proj = register_module("o_proj", Projection(q, c.hidden_size, c.dtype));
+  q_proj = register_module("q_proj", Projection(c.hidden_size, q, c.dtype, c.qkv_bias));
+  k_proj = register_module("k_proj", Projection(c.hidden_size, kv, c.dtype, c.qkv_bias));
+  v_proj = register_module("v_proj", Projection(c.hidden_size, kv, c.dtype, c.qkv_bias));
+  o_proj = register_module("o_proj", Projection(q, c.hidden_size, c.dtype, c.o_bias));
+  if (c.qk_norm) {
+    q_norm = register_module("q_norm", RmsNorm(head_dim, c.rms_norm_eps, c.dtype));
+    k_norm = register_module("k_norm", RmsNorm(head_dim, c.rms_norm_eps, c.dtype));
+  }
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   const int64_t batch = x.size(0);
   const int64_t seq = x.size(1);
-  auto split = [&](const at::Tensor& t, int64_t n) {
-    return t.view({batch, seq, n, head_dim}).transpose(1, 2);  // [B, n, S, D]
+  auto split = [&](const at::Tensor& t, int64_t n, RmsNorm* norm) {
+    at::Tensor heads_last = t.view({batch, seq, n, head_dim});
+    if (norm != nullptr && !norm->is_empty()) heads_last = (*norm)(heads_last);
+    return heads_last.transpose(1, 2);  // [B, n, S, D]
   };
-  at::Tensor q = split(q_proj(x), heads);
-  at::Tensor k = split(k_proj(x), kv_heads);
-  at::Tensor v = split(v_proj(x), kv_heads);
-  // Rotary positions (the "rotate half" form): angle = position / theta^(2i / head_dim).
-  // On the activations' device (a GPU's when the engine computes on one).
+  at::Tensor q = split(q_proj(x), heads, &q_norm);
+  at::Tensor k = split(k_proj(x), kv_heads, &k_norm);
+  at::Tensor v = split(v_proj(x), kv_heads, nullptr);
+  // Rotary positions (the "rotate half" form): angle = position * inverse frequency, on the
+  // activations' device (a GPU's when the engine computes on one).
   const at::TensorOptions on_device = at::TensorOptions().device(x.device());
-  const at::Tensor inv_freq =
-      1.0 / at::pow(rope_theta, at::arange(0, head_dim, 2, on_device.dtype(at::kFloat)) /
-                                    static_cast<double>(head_dim));
+  double scaling = 1.0;
+  const at::Tensor inv_freq = rope_inverse_frequencies(config, seq, x.device(), &scaling);
   const at::Tensor freqs = at::outer(at::arange(seq, on_device.dtype(at::kFloat)), inv_freq);
   const at::Tensor angles = at::cat({freqs, freqs}, -1);  // [S, D]
-  const at::Tensor cos = angles.cos().to(x.scalar_type());
-  const at::Tensor sin = angles.sin().to(x.scalar_type());
+  at::Tensor cos = angles.cos();
+  at::Tensor sin = angles.sin();
+  if (scaling != 1.0) {
+    cos = cos * scaling;
+    sin = sin * scaling;
+  }
+  cos = cos.to(x.scalar_type());
+  sin = sin.to(x.scalar_type());
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
   if (kv_heads != heads) {
@@ -249,20 +416,34 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
     k = k.repeat_interleave(g, 1);
     v = v.repeat_interleave(g, 1);
   }
-  at::Tensor scores = portable_matmul(q, k.transpose(-2, -1)).to(at::kFloat) /
-                      std::sqrt(static_cast<double>(head_dim));
-  const at::Tensor future = at::ones({seq, seq}, on_device.dtype(at::kBool)).triu(1);
-  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
-  const at::Tensor probs = at::softmax(scores, -1).to(x.scalar_type());
-  const at::Tensor out =
-      portable_matmul(probs, v).transpose(1, 2).reshape({batch, seq, heads * head_dim});
+  // The whole score matrix while it is small; past full_scores_limit() a formulation that
+  // never holds it (attention.h).
+  const int64_t visible = window > 0 && window < seq ? window : 0;
+  const uint64_t scores_bytes = static_cast<uint64_t>(batch) * static_cast<uint64_t>(heads) *
+                                static_cast<uint64_t>(seq) * static_cast<uint64_t>(seq) * 4;
+  at::Tensor attended;
+  if (scores_bytes <= full_scores_limit()) {
+    attended = full_attention(q, k, v, visible);
+  } else {
+#if TORCH_VERSION_MAJOR >= 2
+    // LibTorch 2.x: its fused kernels (flash attention on CPU and CUDA) for the causal mask.
+    if (visible == 0 && !fp16_on_cpu(q)) {
+      attended = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
+                                                  /*is_causal=*/true);
+    }
+#endif
+    if (!attended.defined()) attended = memory_efficient_attention(q, k, v, visible);
+  }
+  const at::Tensor out = attended.transpose(1, 2).reshape({batch, seq, heads * head_dim});
   return o_proj(out);
 }
 
 MlpImpl::MlpImpl(const LlamaConfig& c) {
-  gate_proj = register_module("gate_proj", Projection(c.hidden_size, c.intermediate_size, c.dtype));
-  up_proj = register_module("up_proj", Projection(c.hidden_size, c.intermediate_size, c.dtype));
-  down_proj = register_module("down_proj", Projection(c.intermediate_size, c.hidden_size, c.dtype));
+  const int64_t h = c.hidden_size;
+  const int64_t inter = c.intermediate_size;
+  gate_proj = register_module("gate_proj", Projection(h, inter, c.dtype, c.mlp_bias));
+  up_proj = register_module("up_proj", Projection(h, inter, c.dtype, c.mlp_bias));
+  down_proj = register_module("down_proj", Projection(inter, h, c.dtype, c.mlp_bias));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
@@ -272,8 +453,8 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
 // Registered in transformers' LlamaDecoderLayer order (attention, MLP, then the two norms):
 // the order of parameters() is the order of the flat partitions in a checkpoint, which
 // DeepSpeed fills from a model's parameters() in that order.
-DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& c) {
-  self_attn = register_module("self_attn", Attention(c));
+DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& c, int64_t layer) {
+  self_attn = register_module("self_attn", Attention(c, layer));
   mlp = register_module("mlp", Mlp(c));
   input_layernorm =
       register_module("input_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps, c.dtype));
@@ -290,7 +471,7 @@ LlamaBodyImpl::LlamaBodyImpl(const LlamaConfig& c) {
   embed_tokens = register_module("embed_tokens", Embedding(c.vocab_size, c.hidden_size, c.dtype));
   layer_list = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_layers; ++i) {
-    layers.emplace_back(DecoderLayer(c));
+    layers.emplace_back(DecoderLayer(c, i));
     layer_list->push_back(layers.back());
   }
   norm = register_module("norm", RmsNorm(c.hidden_size, c.rms_norm_eps, c.dtype));
@@ -337,8 +518,12 @@ void LlamaModelImpl::initialize(uint64_t seed) {
 
 void init_parameter(uint64_t seed, const std::string& name, torch::Tensor& full) {
   at::NoGradGuard no_grad;
-  if (ends_with(name, "layernorm.weight") || ends_with(name, "norm.weight")) {
+  if (ends_with(name, "norm.weight")) {  // layernorms, the final norm, q_norm and k_norm
     full.fill_(1.0);
+    return;
+  }
+  if (ends_with(name, ".bias")) {
+    full.zero_();
     return;
   }
   at::Generator generator = at::detail::createCPUGenerator(parameter_seed(seed, name));

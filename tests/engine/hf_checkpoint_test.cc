@@ -185,20 +185,85 @@ TEST(HfCheckpoint, FoldersWrittenByTransformersGiveItsLogits) {
     std::cout << "LOGITS transformers " << name << ": max |zinf - transformers| " << diff
               << " (largest |logit| " << want.abs().max().item<double>() << ")\n";
   }
-  // The rotary base is read from "rope_parameters"; a scaled rotary type is refused.
+  // The rotary base is read from "rope_parameters"; a rotary type zinf does not compute is
+  // refused naming it, and a known type missing one of its keys naming the key.
   ::zinf::testing::TempDir dir;
   const std::string copy = dir.file("copy");
   fs::copy(std::string(ZINF_TRANSFORMERS_DIR) + "/llama_untied_fp32", copy,
            fs::copy_options::recursive);
   edit_config(copy, [](nlohmann::json& j) { j["rope_parameters"]["rope_theta"] = 500000.0; });
   EXPECT_DOUBLE_EQ(HfCheckpoint::open(copy).config().rope_theta, 500000.0);
-  edit_config(copy, [](nlohmann::json& j) { j["rope_parameters"]["rope_type"] = "llama3"; });
-  try {
-    (void)HfCheckpoint::open(copy);
-    ADD_FAILURE() << "a llama3 rope_type was accepted";
-  } catch (const HfCheckpointError& e) {
-    EXPECT_NE(std::string(e.what()).find("\"rope_type\" is \"llama3\""), std::string::npos)
-        << e.what();
+  const std::pair<const char*, const char*> refusals[] = {
+      {"longrope", "\"rope_type\" is \"longrope\": zinf computes the rotary types"},
+      {"llama3", "\"factor\" is missing: rotary type \"llama3\" needs it"}};
+  for (const auto& [type, says] : refusals) {
+    edit_config(copy, [&](nlohmann::json& j) { j["rope_parameters"]["rope_type"] = type; });
+    try {
+      (void)HfCheckpoint::open(copy);
+      ADD_FAILURE() << "rope_type " << type << " without its keys was accepted";
+    } catch (const HfCheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(copy + "/config.json \"rope_parameters\""),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// One folder per family zinf's decoder computes, written by transformers' own save_pretrained
+// from a random model (data/transformers/make_transformers_families.py, transformers 5.24.0):
+// Llama with llama3, linear, dynamic and yarn rotary scaling, with every bias, tied, MQA;
+// Mistral with a sliding window; Qwen2 with q/k/v biases and a sliding layer; Qwen3 with q/k
+// norms, an explicit head_dim, biases and yarn. fp32 and bf16, one file and shards. Loaded at
+// stage 3 through the Engine, zinf's logits are transformers' (from_pretrained in fp32, eager
+// attention) within 1e-5 of the largest logit.
+TEST(HfCheckpoint, EveryFamilyWrittenByTransformersGivesItsLogits) {
+  struct Family {
+    std::string name;
+    std::string model_type;
+    RopeType rope;
+    bool qkv_bias, o_bias, mlp_bias, qk_norm;
+    int64_t sliding_layers;  // layers with an attention window
+  };
+  const std::vector<Family> families{
+      {"llama_llama3_rope_tied_fp32", "llama", RopeType::kLlama3, false, false, false, false, 0},
+      {"llama_bias_linear_rope_bf16_sharded", "llama", RopeType::kLinear, true, true, true, false,
+       0},
+      {"llama_dynamic_rope_fp32", "llama", RopeType::kDynamic, false, false, false, false, 0},
+      {"llama_yarn_rope_mqa_fp32", "llama", RopeType::kYarn, false, false, false, false, 0},
+      {"mistral_sliding_window_fp32", "mistral", RopeType::kDefault, false, false, false, false, 2},
+      {"qwen2_bias_sliding_tied_bf16_sharded", "qwen2", RopeType::kDefault, true, false, false,
+       false, 1},
+      {"qwen3_qk_norm_fp32", "qwen3", RopeType::kDefault, false, false, false, true, 0},
+      {"qwen3_bias_yarn_bf16", "qwen3", RopeType::kYarn, true, true, false, true, 0},
+  };
+  for (const Family& f : families) {
+    SCOPED_TRACE(f.name);
+    const std::string folder = std::string(ZINF_TRANSFORMERS_DIR) + "/families/" + f.name;
+    const HfCheckpoint ckpt = HfCheckpoint::open(folder);
+    const LlamaConfig& c = ckpt.config();
+    EXPECT_EQ(c.model_type, f.model_type);
+    EXPECT_EQ(c.rope_scaling.type, f.rope);
+    EXPECT_EQ(c.qkv_bias, f.qkv_bias);
+    EXPECT_EQ(c.o_bias, f.o_bias);
+    EXPECT_EQ(c.mlp_bias, f.mlp_bias);
+    EXPECT_EQ(c.qk_norm, f.qk_norm);
+    int64_t sliding = 0;
+    for (int64_t layer = 0; layer < c.num_layers; ++layer) sliding += c.attention_window(layer) > 0;
+    EXPECT_EQ(sliding, f.sliding_layers);
+    EXPECT_EQ(ckpt.describe().find("shards") != std::string::npos,
+              f.name.find("sharded") != std::string::npos);
+
+    const SafetensorsReader expected =
+        SafetensorsReader::open(folder + "/expected_logits.safetensors");
+    const at::Tensor want = tensor_of(expected, "logits", at::kFloat);
+    const at::Tensor got = engine_logits(ckpt, tensor_of(expected, "tokens", at::kLong));
+    ASSERT_EQ(got.sizes(), want.sizes());
+    const double largest = want.abs().max().item<double>();
+    const double relative = (got - want).abs().max().item<double>() / largest;
+    EXPECT_LE(relative, 1e-5) << "largest |logit| " << largest;
+    std::cout << "LOGITS transformers " << f.name << " (" << architecture_notes(c)
+              << "): max |zinf - transformers| / largest |logit| " << relative << "\n";
   }
 }
 
@@ -319,11 +384,16 @@ TEST_F(HfCheckpointErrors, ConfigKeysTheModelCannotHonour) {
   const std::vector<Case> cases{
       {"num_key_value_heads", 3, "must divide num_attention_heads (4)"},
       {"hidden_act", "gelu", "SwiGLU"},
-      {"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}, "plain rotary"},
-      {"attention_bias", true, "no bias"},
-      {"mlp_bias", true, "no bias"},
+      {"rope_scaling", {{"type", "su"}, {"factor", 2.0}}, "is \"su\": zinf computes the rotary"},
+      {"rope_scaling", {{"type", "linear"}}, "\"factor\" is missing"},
+      {"rope_scaling", "linear", "must be an object or null"},
+      {"rope_parameters",
+       {{"full_attention", {{"rope_type", "default"}}}},
+       "rotary settings per layer type"},
+      {"partial_rotary_factor", 0.5, "whole heads"},
+      {"attention_dropout", 0.1, "without attention dropout"},
       {"head_dim", 7, "even head size"},
-      {"model_type", "mistral", "is a Llama"},
+      {"model_type", "gemma", "\"llama\", \"mistral\", \"qwen2\" and \"qwen3\""},
       {"torch_dtype", "int8", "float32, bfloat16 or float16"},
       {"dtype", "float64", "float32, bfloat16 or float16"},  // (torch_dtype removed below)
       {"hidden_size", nullptr, "is missing"},
@@ -395,7 +465,15 @@ TEST_F(HfCheckpointErrors, TensorsThatDoNotFitTheModel) {
                    std::vector<uint8_t>(32 * 4, 0)});
     });
     expect_refused(folder, {folder + "/model.safetensors", "model.layers.0.self_attn.q_proj.bias",
-                            "not a parameter"});
+                            "not a parameter of the llama model"});
+    fs::remove_all(folder);
+  }
+  {
+    SCOPED_TRACE("config.json promises biases the files do not hold");
+    const std::string folder = copy_of("single");
+    edit_config(folder, [](nlohmann::json& j) { j["attention_bias"] = true; });
+    expect_refused(
+        folder, {folder + "/model.safetensors", "model.layers.0.self_attn.q_proj.bias", "missing"});
     fs::remove_all(folder);
   }
   {
