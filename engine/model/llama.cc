@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "engine/model/attention.h"
+#include "engine/model/lm_loss.h"
 
 namespace zinf::engine {
 namespace {
@@ -256,8 +257,12 @@ uint64_t llama_activation_bytes(const LlamaConfig& c, int64_t batch, int64_t seq
           : (uint64_t{16} << 20) / 4 * (4 + 4 + e) +
                 2 * tokens * static_cast<uint64_t>(c.num_heads * c.head_size()) * 4;
   const uint64_t layer = 2 * (tokens * (8 * h + 4 * inter) * e + scores);
-  // fp32 logits, their softmax and gradient.
-  const uint64_t logits = 3 * tokens * static_cast<uint64_t>(c.vocab_size) * 4;
+  // fp32 logits, their softmax and gradient; past full_logits_limit() one chunk of them
+  // (about 32 MiB) twice and an fp32 accumulator for the head's gradient (lm_loss.h).
+  const uint64_t vocab = static_cast<uint64_t>(c.vocab_size);
+  const uint64_t logits = tokens * vocab * 4 <= full_logits_limit()
+                              ? 3 * tokens * vocab * 4
+                              : 2 * (uint64_t{32} << 20) + vocab * h * 4;
   return saved + layer + logits;
 }
 
@@ -487,18 +492,30 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& config, at::ScalarType dtype) 
                      : Projection(config_.hidden_size, config_.vocab_size, config_.dtype));
 }
 
-torch::Tensor LlamaModelImpl::forward(const torch::Tensor& tokens) {
+torch::Tensor LlamaModelImpl::hidden_states(const torch::Tensor& tokens) {
   at::Tensor x = model->embed_tokens(tokens);
   for (zero::ZeroBlock& layer : model->layers) {
     x = layer(x);
   }
-  x = model->norm(x);
-  return lm_head(x).to(at::kFloat);
+  return model->norm(x);
+}
+
+torch::Tensor LlamaModelImpl::forward(const torch::Tensor& tokens) {
+  return lm_head(hidden_states(tokens)).to(at::kFloat);
 }
 
 torch::Tensor LlamaModelImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets) {
-  const at::Tensor logits = forward(tokens);
-  return at::cross_entropy_loss(logits.reshape({-1, config_.vocab_size}), targets.reshape({-1}));
+  const at::Tensor hidden = hidden_states(tokens);
+  const uint64_t logits_bytes =
+      static_cast<uint64_t>(tokens.numel()) * static_cast<uint64_t>(config_.vocab_size) * 4;
+  if (logits_bytes <= full_logits_limit()) {
+    const at::Tensor logits = lm_head(hidden).to(at::kFloat);
+    return at::cross_entropy_loss(logits.reshape({-1, config_.vocab_size}), targets.reshape({-1}));
+  }
+  // Long sequences or large vocabularies: the head and the loss together, never holding the
+  // logits (lm_loss.h).
+  return chunked_lm_loss(hidden.reshape({-1, config_.hidden_size}), lm_head->weight,
+                         targets.reshape({-1}));
 }
 
 void LlamaModelImpl::initialize(uint64_t seed) {

@@ -235,7 +235,11 @@ class LlamaModelImpl : public torch::nn::Module {
 
   // tokens [batch, seq] (int64) -> logits [batch, seq, vocab] (fp32).
   torch::Tensor forward(const torch::Tensor& tokens);
-  // Mean cross-entropy of predicting targets [batch, seq] from tokens.
+  // tokens -> the final norm's output [batch, seq, hidden] (what the head maps to logits).
+  torch::Tensor hidden_states(const torch::Tensor& tokens);
+  // Mean cross-entropy of predicting targets [batch, seq] from tokens. Past
+  // full_logits_limit() bytes of logits the head and the loss are computed together over
+  // chunks of tokens, without the logits (lm_loss.h).
   torch::Tensor loss(const torch::Tensor& tokens, const torch::Tensor& targets);
 
   // Fills every parameter with init_parameter(seed, name) (for models used without ZeRO).
