@@ -597,6 +597,36 @@ void parse_checkpoint(JsonBlock& top, RunConfig& c) {
   b->finish({"tag_validation", "load_universal", "use_node_local_storage", "parallel_write"});
 }
 
+// DeepSpeed's activation_checkpointing block (deepspeed.checkpointing): zinf always
+// checkpoints every decoder layer (a ZeroBlock keeps only its input and recomputes the layer in
+// backward), so the block is read and type-checked, and each switch zinf does not honour
+// warns when it is on.
+void parse_activation_checkpointing(JsonBlock& top) {
+  std::optional<JsonBlock> b = top.block("activation_checkpointing");
+  if (!b) return;
+  const std::string recompute =
+      "every decoder layer (ZeroBlock) keeps only its input and is recomputed in backward";
+  auto warn_if_on = [&](std::string_view key, const std::string& why) {
+    if (b->boolean(key, false)) {
+      b->context().warn(b->path_of(key), fmt::format("true has no effect: {}; {}", why, recompute));
+    }
+  };
+  warn_if_on("partition_activations",
+             "zinf has no model parallelism to partition activations across");
+  warn_if_on("cpu_checkpointing",
+             "moving the saved layer inputs to CPU memory is not built yet (they stay in the "
+             "accelerator's memory)");
+  warn_if_on("contiguous_memory_optimization",
+             "the saved layer inputs are LibTorch's tensors, not one buffer");
+  warn_if_on("profile", "wall_clock_breakdown times the forward, backward and step");
+  // No effect either way: the number of checkpoints is the number of layers, and the CPU
+  // and CUDA paths order their own streams.
+  (void)b->integer("number_checkpoints", 0, 0, std::numeric_limits<int32_t>::max());
+  (void)b->boolean("synchronize_checkpoint_boundary", false);
+  b->finish({"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
+             "number_checkpoints", "synchronize_checkpoint_boundary", "profile"});
+}
+
 // DeepSpeed features zinf does not implement: a warning when they are switched on.
 void parse_unsupported_features(JsonBlock& top) {
   for (std::string_view key :
@@ -615,11 +645,7 @@ void parse_unsupported_features(JsonBlock& top) {
       top.context().warn(std::string(key), "not supported by zinf; ignored");
     }
   }
-  if (top.take("activation_checkpointing") != nullptr) {
-    top.context().warn("activation_checkpointing",
-                       "ignored: zinf always keeps only each ZeroBlock's input and recomputes "
-                       "the block in backward");
-  }
+  parse_activation_checkpointing(top);
   top.accept({"zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "dump_state",
               "memory_breakdown", "dataloader_drop_last", "timers", "data_types",
               "seq_parallel_communication_data_type", "use_data_before_expert_parallelism",

@@ -535,6 +535,27 @@ TEST(ParseConfigTest, UnsupportedDeepSpeedFeaturesWarnOnlyWhenSwitchedOn) {
   EXPECT_TRUE(has_warning(c, {"activation_checkpointing", "ZeroBlock"}));
 }
 
+// DeepSpeed's activation_checkpointing block as configs carry it: read and type-checked, quiet
+// when nothing in it asks for what zinf does not do, one warning per switch that does.
+TEST(ParseConfigTest, ActivationCheckpointingWarnsOnlyForSwitchesZinfDoesNotHonour) {
+  RunConfig quiet = parse(R"({"activation_checkpointing": {"partition_activations": false,
+      "cpu_checkpointing": false, "contiguous_memory_optimization": false,
+      "number_checkpoints": null, "synchronize_checkpoint_boundary": false,
+      "profile": false}})");
+  EXPECT_TRUE(quiet.warnings.empty()) << quiet.warnings.front();
+  RunConfig c = parse(R"({"activation_checkpointing": {"cpu_checkpointing": true,
+      "number_checkpoints": 24, "contiguous_memory_optimization": true, "profle": true}})");
+  EXPECT_EQ(c.warnings.size(), 3u);
+  EXPECT_TRUE(
+      has_warning(c, {"activation_checkpointing.cpu_checkpointing", "not built yet", "ZeroBlock"}));
+  EXPECT_TRUE(has_warning(c, {"activation_checkpointing.contiguous_memory_optimization"}));
+  EXPECT_TRUE(has_warning(c, {"activation_checkpointing.profle", "did you mean \"profile\""}));
+  expect_error(parse_error(R"({"activation_checkpointing": {"cpu_checkpointing": "yes"}})"),
+               "activation_checkpointing.cpu_checkpointing", {"\"yes\""});
+  expect_error(parse_error(R"({"activation_checkpointing": {"number_checkpoints": -1}})"),
+               "activation_checkpointing.number_checkpoints", {"-1"});
+}
+
 TEST(ParseConfigTest, DeprecatedCpuOffloadFlags) {
   RunConfig c = parse(R"({"zero_optimization": {"stage": 3, "cpu_offload": true,
                                                "cpu_offload_param": true}})");
