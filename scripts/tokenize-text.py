@@ -114,7 +114,9 @@ def main():
     ap.add_argument("--jsonl-key", default="text", help="the text field of .jsonl lines")
     ap.add_argument("--batch", type=int, default=256, help="documents per tokenizer call")
     args = ap.parse_args()
-    separator = args.separator.encode().decode("unicode_escape") if args.separator else ""
+    # \n, \t and \\ as escapes; every other character (non-ASCII too) as written.
+    separator = (args.separator.replace("\\\\", "\0").replace("\\n", "\n")
+                 .replace("\\t", "\t").replace("\0", "\\"))
 
     for out in filter(None, [args.out, args.eval_out]):
         if not (out.endswith(".u16") or out.endswith(".u32")):

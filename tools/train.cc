@@ -370,6 +370,12 @@ int run_train(const TrainArgs& args) {
       // use still get embeddings), else the data's largest id + 1.
       const uint64_t vocab =
           std::max<uint64_t>(source->vocab_size(), sidecar ? sidecar->vocab_size : 0);
+      if (vocab > kMaxNamedVocab) {
+        throw std::invalid_argument(fmt::format(
+            "--data {} was tokenized with a vocabulary of {} ids ({}), more than the {} a named "
+            "model (--model) takes; --init-from a model whose vocab_size covers it",
+            args.data, vocab, sidecar->path, kMaxNamedVocab));
+      }
       model = engine::named_llama(model_name, static_cast<int64_t>(vocab));
       if (!model) {
         throw std::invalid_argument(
@@ -381,24 +387,52 @@ int run_train(const TrainArgs& args) {
     std::unique_ptr<data::TokenSource> eval_source;
     std::string eval_tokenizer_note;
     if (!args.eval_data.empty()) {
+      // The same kind of ids as the training data (checked first: ids of another kind would
+      // fail the vocabulary check with a message that hides why).
+      const bool train_tokens = !args.data.empty() && data::is_token_file(args.data);
+      if (data::is_token_file(args.eval_data) != train_tokens) {
+        throw std::invalid_argument(fmt::format(
+            "--eval-data {} is {} but the training data{} is {}: the held-out loss would "
+            "measure ids that mean other tokens",
+            args.eval_data,
+            data::is_token_file(args.eval_data) ? "a token file" : "byte-level text",
+            args.data.empty() ? std::string(" (the default corpus)") : " " + args.data,
+            train_tokens ? "a token file" : "byte-level text"));
+      }
       const auto vocab = static_cast<uint32_t>(model->vocab_size);
       try {
         eval_source = data::open_data(args.eval_data, 0, vocab);
       } catch (const data::DataError& e) {
         // An id past the vocabulary: say where the vocabulary came from.
         const bool bad_id = std::string_view(e.what()).find("token id") != std::string_view::npos;
-        throw data::DataError(
-            fmt::format("--eval-data: {}{}", e.what(),
-                        !bad_id ? std::string()
-                        : hf    ? fmt::format(" (the vocab_size of {})", args.init_from)
-                             : std::string(" (the model's vocab_size, from the training data)")));
+        throw data::DataError(fmt::format(
+            "--eval-data: {}{}", e.what(),
+            !bad_id   ? std::string()
+            : hf      ? fmt::format(" (the vocab_size of {})", args.init_from)
+            : sidecar ? fmt::format(" (the model's vocab_size, from {})", sidecar->path)
+                      : std::string(" (the model's vocab_size, from the training data)")));
       }
-      if (const auto eval_sidecar = data::read_token_sidecar(args.eval_data, *eval_source);
-          eval_sidecar && sidecar && eval_sidecar->tokenizer_sha256 != sidecar->tokenizer_sha256) {
-        eval_tokenizer_note = fmt::format(
-            "warning: --eval-data {} and --data {} were made by different tokenizers (sha256 "
-            "{:.12} and {:.12}): the held-out loss measures ids that mean other tokens",
-            args.eval_data, args.data, eval_sidecar->tokenizer_sha256, sidecar->tokenizer_sha256);
+      // Its sidecar is checked as --data's is.
+      if (const auto eval_sidecar = data::read_token_sidecar(args.eval_data, *eval_source)) {
+        if (eval_sidecar->vocab_size > static_cast<uint64_t>(model->vocab_size)) {
+          throw std::invalid_argument(fmt::format(
+              "--eval-data {} was tokenized with a vocabulary of {} ids ({}), more than the "
+              "model's vocab_size {}",
+              args.eval_data, eval_sidecar->vocab_size, eval_sidecar->path, model->vocab_size));
+        }
+        // Compared with the training data's tokenizer, else with --init-from's own.
+        const std::string other = sidecar ? sidecar->tokenizer_sha256
+                                  : hf    ? data::tokenizer_fingerprint(args.init_from)
+                                          : std::string();
+        const std::string other_name =
+            sidecar ? "--data " + args.data : "the tokenizer of " + args.init_from;
+        if (!other.empty() && !eval_sidecar->tokenizer_sha256.empty() &&
+            eval_sidecar->tokenizer_sha256 != other) {
+          eval_tokenizer_note = fmt::format(
+              "warning: --eval-data {} was made by another tokenizer than {} (sha256 {:.12} "
+              "and {:.12}): the held-out loss measures ids that mean other tokens",
+              args.eval_data, other_name, eval_sidecar->tokenizer_sha256, other);
+        }
       }
       if (args.eval_batches < 1) {
         throw std::invalid_argument(
@@ -556,7 +590,8 @@ int run_train(const TrainArgs& args) {
           : folder_hash == sidecar->tokenizer_sha256
               ? fmt::format("; the tokenizer of {}", args.init_from)
               : std::string()));
-      if (hf && !folder_hash.empty() && folder_hash != sidecar->tokenizer_sha256) {
+      if (hf && !folder_hash.empty() && !sidecar->tokenizer_sha256.empty() &&
+          folder_hash != sidecar->tokenizer_sha256) {
         say(fmt::format(
             "warning: --data {} was tokenized by a tokenizer whose files differ from {}'s "
             "(sha256 {:.12} against {:.12}): its ids may mean other tokens to this model",

@@ -119,28 +119,29 @@ void release_pages(std::span<const uint8_t> bytes) {
 
 // The rotary settings: transformers 5.x writes "rope_parameters" ({"rope_type", "rope_theta",
 // and the type's keys}); older configs a top-level "rope_theta" and "rope_scaling" ({"type" or
-// "rope_type", ...}). Both are read, rope_scaling over rope_parameters. *theta receives the
-// base (rope_parameters' rope_theta over the top-level one).
+// "rope_type", ...}). A non-null rope_scaling is read alone, as transformers does. *theta
+// receives the base (the object's rope_theta over the top-level one).
 RopeScaling read_rope_scaling(const ConfigReader& r, const std::string& config_path, double* theta,
                               int64_t max_positions) {
-  nlohmann::json merged = nlohmann::json::object();
-  for (const char* key : {"rope_parameters", "rope_scaling"}) {
-    const nlohmann::json* v = r.get(key);
-    if (v == nullptr) continue;
-    if (!v->is_object()) r.fail(key, fmt::format("must be an object or null, not {}", v->dump()));
-    for (const auto& [name, value] : v->items()) {
+  // As transformers reads them: a non-null rope_scaling replaces rope_parameters whole (its
+  // base then comes from the top-level rope_theta unless it gives its own).
+  const char* object_key = r.get("rope_scaling") != nullptr ? "rope_scaling" : "rope_parameters";
+  const nlohmann::json* object = r.get(object_key);
+  const nlohmann::json empty = nlohmann::json::object();
+  if (object != nullptr && !object->is_object()) {
+    r.fail(object_key, fmt::format("must be an object or null, not {}", object->dump()));
+  }
+  if (object != nullptr) {
+    for (const auto& [name, value] : object->items()) {
       if (value.is_object()) {
-        r.fail(key, fmt::format("holds \"{}\": {}: rotary settings per layer type are not "
-                                "something zinf's decoder computes",
-                                name, value.dump()));
+        r.fail(object_key, fmt::format("holds \"{}\": {}: rotary settings per layer type are not "
+                                       "something zinf's decoder computes",
+                                       name, value.dump()));
       }
-      merged[name] = value;
     }
   }
-  const std::string where =
-      config_path +
-      (r.get("rope_scaling") != nullptr ? " \"rope_scaling\"" : " \"rope_parameters\"");
-  const ConfigReader nested(where, merged);
+  const ConfigReader nested(fmt::format("{} \"{}\"", config_path, object_key),
+                            object != nullptr ? *object : empty);
   *theta = nested.number_or("rope_theta", *theta);
   const char* type_key = nested.get("rope_type") != nullptr ? "rope_type" : "type";
   const std::string type = nested.string_or(type_key, "default");
@@ -262,6 +263,13 @@ std::vector<int64_t> read_attention_windows(const ConfigReader& r, const std::st
                                           "\"sliding_attention\"",
                                           t.dump(), i));
       }
+      if (window == 0) {
+        r.fail("layer_types",
+               fmt::format("marks layer {} \"sliding_attention\" but no window applies "
+                           "(use_sliding_window is not true, or sliding_window is null): "
+                           "transformers refuses this config too",
+                           i));
+      }
       windows[i] = window;
     }
   } else if (window > 0) {
@@ -330,7 +338,12 @@ LlamaConfig read_hf_llama_config(const std::string& config_path, std::string* to
 
   // Grouped-query attention (Llama 3, Mistral, Qwen2, SmolLM, TinyLlama): each key/value head
   // serves num_attention_heads / num_key_value_heads query heads.
-  c.num_kv_heads = r.positive_or("num_key_value_heads", c.num_heads);
+  // Left out, each family's default (MistralConfig 8, Qwen2Config and Qwen3Config 32, Llama
+  // the query heads); null means the query heads.
+  const int64_t default_kv_heads = model_type == "mistral" ? 8 : qwen ? 32 : c.num_heads;
+  c.num_kv_heads = r.root().contains("num_key_value_heads")
+                       ? r.positive_or("num_key_value_heads", c.num_heads)
+                       : default_kv_heads;
   if (c.num_heads % c.num_kv_heads != 0) {
     r.fail("num_key_value_heads", fmt::format("is {}: it must divide num_attention_heads ({})",
                                               c.num_kv_heads, c.num_heads));

@@ -431,8 +431,11 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
     attended = full_attention(q, k, v, visible);
   } else {
 #if TORCH_VERSION_MAJOR >= 2
-    // LibTorch 2.x: its fused kernels (flash attention on CPU and CUDA) for the causal mask.
-    if (visible == 0 && !fp16_on_cpu(q)) {
+    // LibTorch 2.x: its fused kernels for the causal mask, where they exist (CUDA's since 2.0;
+    // the CPU's flash attention since 2.2 — before it the CPU fell back to the whole matrix).
+    constexpr bool kCpuFlash =
+        TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2);
+    if (visible == 0 && !fp16_on_cpu(q) && (kCpuFlash || q.is_cuda())) {
       attended = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
                                                   /*is_causal=*/true);
     }

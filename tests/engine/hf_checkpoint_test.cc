@@ -267,6 +267,61 @@ TEST(HfCheckpoint, EveryFamilyWrittenByTransformersGivesItsLogits) {
   }
 }
 
+// Keys read as transformers reads them: a non-null rope_scaling replaces rope_parameters whole
+// (the base then from the top-level rope_theta); num_key_value_heads left out takes the
+// family's default (Mistral 8, Qwen 32, Llama the query heads), null the query heads; Qwen
+// layer_types that mark a layer sliding where no window applies are refused.
+TEST(HfCheckpoint, ConfigKeysFollowTransformersPrecedenceAndFamilyDefaults) {
+  ::zinf::testing::TempDir dir;
+  auto config_of = [&](const nlohmann::json& j) {
+    std::ofstream(dir.file("config.json")) << j.dump();
+    return read_hf_llama_config(dir.file("config.json"), nullptr);
+  };
+  nlohmann::json base = {{"hidden_size", 64},      {"intermediate_size", 96},
+                         {"num_hidden_layers", 2}, {"num_attention_heads", 32},
+                         {"vocab_size", 100},      {"model_type", "llama"}};
+  nlohmann::json j = base;
+  j["rope_theta"] = 20000.0;
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}};
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  LlamaConfig c = config_of(j);
+  EXPECT_EQ(c.rope_scaling.type, RopeType::kLinear);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.factor, 2.0);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 20000.0);
+  j.erase("rope_scaling");
+  EXPECT_EQ(config_of(j).rope_scaling.type, RopeType::kDefault);
+  EXPECT_DOUBLE_EQ(config_of(j).rope_theta, 500000.0);
+
+  const std::pair<const char*, int64_t> kv_defaults[] = {
+      {"llama", 32}, {"mistral", 8}, {"qwen2", 32}, {"qwen3", 32}};
+  for (const auto& [family, heads] : kv_defaults) {
+    SCOPED_TRACE(family);
+    j = base;
+    j["model_type"] = family;
+    j["num_attention_heads"] = 64;
+    j["head_dim"] = 8;
+    EXPECT_EQ(config_of(j).kv_heads(), std::string(family) == "llama" ? 64 : heads);
+    j["num_key_value_heads"] = nullptr;
+    EXPECT_EQ(config_of(j).kv_heads(), 64);
+  }
+
+  j = base;
+  j["model_type"] = "qwen2";
+  j["layer_types"] = {"full_attention", "sliding_attention"};
+  j["sliding_window"] = 16;
+  j["use_sliding_window"] = false;
+  try {
+    (void)config_of(j);
+    ADD_FAILURE() << "a sliding layer without a window was accepted";
+  } catch (const HfCheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("\"layer_types\" marks layer 1"), std::string::npos)
+        << e.what();
+  }
+  j["use_sliding_window"] = true;
+  EXPECT_EQ(config_of(j).attention_window(1), 16);
+  EXPECT_EQ(config_of(j).attention_window(0), 0);
+}
+
 TEST(HfCheckpoint, ReadConvertsEachDtypeToTheStoredValues) {
   ::zinf::testing::TempDir dir;
   ASSERT_TRUE(make_folder(dir.file("bf16"), "--dtype bfloat16 --tied"));

@@ -190,16 +190,29 @@ TEST(CliEval, BadEvalArgumentsAreRefusedBeforeTraining) {
     std::vector<std::string> flags;
     std::vector<std::string> says;
   };
+  // Training ids of the same kind (a token file) for the big-id case.
+  const std::string train_ids = s.dir.file("train.u16");
+  {
+    std::ofstream out(train_ids, std::ios::binary);
+    for (uint16_t i = 0; i < 4000; ++i) {
+      const uint16_t id = static_cast<uint16_t>(i % 256);
+      out.write(reinterpret_cast<const char*>(&id), sizeof id);
+    }
+  }
   const std::vector<Case> cases = {
       {{"--eval-data", s.dir.file("missing.txt")}, {"missing.txt"}},
-      {{"--eval-data", big_ids}, {"--eval-data", big_ids, "300", "256"}},
+      {{"--data", train_ids, "--eval-data", big_ids}, {"--eval-data", big_ids, "300", "256"}},
+      {{"--eval-data", big_ids},
+       {"--eval-data " + big_ids +
+        " is a token file but the training data (the default "
+        "corpus) is byte-level text"}},
       {{"--eval-data", tiny_text}, {tiny_text}},
       {{"--eval-interval", "2"}, {"--eval-interval without --eval-data"}},
       {{"--eval-data", s.eval_text, "--eval-batches", "0"}, {"--eval-batches 0 must be >= 1"}},
       {{"--eval-data", s.eval_text, "--eval-interval", "0"}, {"--eval-interval 0 must be >= 1"}},
   };
   for (const Case& c : cases) {
-    SCOPED_TRACE(c.flags[0] + " " + c.flags[1]);
+    SCOPED_TRACE(c.flags[0] + " " + c.flags[1] + (c.flags.size() > 2 ? " " + c.flags[2] : ""));
     std::vector<std::string> args = {"train", "--model",     "tiny",      "--steps",
                                      "1",     "--seq-len",   "32",        "--plot",
                                      "",      "--nvme-path", s.dir.path()};

@@ -143,12 +143,20 @@ TEST(CliTokenize, TextTokenizedByTheModelsOwnTokenizerTrainsAndIsChecked) {
                                       cut + " holds " + std::to_string(tokens - 2)))
         << run.err;
   }
-  // A named model's vocabulary is the tokenizer's, not the data's largest id + 1.
-  run = run_zinf({"train", "--model", "tiny", "--data", dir.file("train.u16"), "--steps", "1",
-                  "--seq-len", "64", "--plot", "", "--nvme-path", dir.path()},
-                 {}, SIGINT, 300);
-  EXPECT_EQ(run.exit_code, 0) << run.out << run.err;
-  EXPECT_TRUE(contains(run.out, "vocab " + std::to_string(vocab) + ")")) << run.out;
+  // A named model's vocabulary is the tokenizer's (here a sidecar saying 400 beside ids below
+  // the tokenizer's real size), not the data's largest id + 1.
+  {
+    const std::string wide = dir.file("wide.u16");
+    fs::copy_file(dir.file("train.u16"), wide);
+    nlohmann::json edited = side;
+    edited["vocab_size"] = 400;
+    std::ofstream(wide + ".json") << edited.dump();
+    run = run_zinf({"train", "--model", "tiny", "--data", wide, "--steps", "1", "--seq-len", "64",
+                    "--plot", "", "--nvme-path", dir.path()},
+                   {}, SIGINT, 300);
+    EXPECT_EQ(run.exit_code, 0) << run.out << run.err;
+    EXPECT_TRUE(contains(run.out, "vocab 400)")) << run.out;
+  }
 }
 
 }  // namespace
