@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "engine/memory_plan.h"
+#include "engine/model/hf_checkpoint.h"
 #include "tools/train.h"
 #include "tools/train_config.h"
 
@@ -96,7 +97,12 @@ int run_estimate(const EstimateArgs& args) {
     if (args.vocab_size < 1 || args.seq_len < 1) {
       throw std::invalid_argument("--vocab and --seq-len must be >= 1");
     }
-    const engine::LlamaConfig model = llama_for_size(args.model_size, args.vocab_size);
+    // The exact model a Hugging Face folder's config.json describes (--vocab is its), or a
+    // named size / parameter count.
+    const engine::LlamaConfig model =
+        args.init_from.empty()
+            ? llama_for_size(args.model_size, args.vocab_size)
+            : engine::read_hf_llama_config(args.init_from + "/config.json", nullptr);
     const int world = args.gpus_per_node * args.nodes;
 
     // The config as `zinf train` would resolve it for this model and world size (swap
@@ -125,6 +131,12 @@ int run_estimate(const EstimateArgs& args) {
     fmt::print("model {}: {:.3f} B parameters ({} layers, hidden {}, intermediate {}, vocab {})\n",
                model.name, static_cast<double>(params) / 1e9, model.num_layers, model.hidden_size,
                model.intermediate_size, model.vocab_size);
+    if (const std::string notes = engine::architecture_notes(model);
+        !notes.empty() || !args.init_from.empty()) {
+      fmt::print("  architecture: {}; {} heads ({} key/value), head_dim {}\n",
+                 notes.empty() ? model.model_type : notes, model.num_heads, model.kv_heads(),
+                 model.head_size());
+    }
     fmt::print("config {}: stage {}, {}, offload_param {}, offload_optimizer {}, {} rank(s)\n\n",
                source, in.zero.stage, precision_name(in.zero.precision),
                target_name(in.zero.offload_param), target_name(in.zero.offload_optimizer), world);

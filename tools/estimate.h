@@ -21,6 +21,7 @@ namespace zinf::tools {
 struct EstimateArgs {
   std::string config;      // DeepSpeed JSON; empty: the bare `zinf train` config
   std::string model_size;  // named size or a parameter count ("7e9", "1.3B", "350M")
+  std::string init_from;   // or a Hugging Face model folder (its config.json)
   int64_t vocab_size = 32000;
   int gpus_per_node = 1;
   int nodes = 1;

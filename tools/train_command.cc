@@ -83,9 +83,21 @@ void add_train_commands(CLI::App& app, int& exit_code) {
       "Print the memory plan of a config and model without running, and the model-state bytes "
       "per offload choice (zinf's plan and DeepSpeed's estimate_zero3 formula)");
   est->add_option("--config", eargs->config, "DeepSpeed JSON config (default: the bare one)");
-  est->add_option("--model-size", eargs->model_size,
-                  "Named size (tiny ... 13b) or a parameter count such as 7e9 or 1.3B")
-      ->required();
+  auto* size =
+      est->add_option("--model-size", eargs->model_size,
+                      "Named size (tiny ... 13b) or a parameter count such as 7e9 or 1.3B");
+  auto* folder = est->add_option("--init-from", eargs->init_from,
+                                 "A Hugging Face model folder: the exact model its config.json "
+                                 "describes (no weights are read)");
+  size->excludes(folder);
+  est->callback([eargs, &exit_code, size, folder] {
+    if (size->count() == 0 && folder->count() == 0) {
+      fmt::print(stderr, "zinf estimate: give --model-size or --init-from\n");
+      exit_code = 2;
+      return;
+    }
+    exit_code = run_estimate(*eargs);
+  });
   est->add_option("--vocab", eargs->vocab_size, "Vocabulary size")->capture_default_str();
   est->add_option("--num-gpus", eargs->gpus_per_node, "GPUs (ranks) per node")
       ->capture_default_str();
@@ -94,7 +106,6 @@ void add_train_commands(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   est->add_option("--micro-batch", eargs->micro_batch,
                   "Samples per micro-batch (default: the config's, else 1)");
-  est->callback([eargs, &exit_code] { exit_code = run_estimate(*eargs); });
 }
 
 }  // namespace zinf::tools

@@ -347,5 +347,34 @@ TEST(CliEstimate, PrintsThePlanAndTheDeepSpeedTable) {
   EXPECT_TRUE(contains(bad.err, "--model-size \"lots\"")) << bad.err;
 }
 
+// `--init-from DIR` plans the exact model a Hugging Face folder's config.json describes
+// (here a Qwen3 folder transformers wrote): its parameter count (transformers counted 22,752)
+// and architecture; a folder without config.json, or with a key zinf cannot honour, is named.
+TEST(CliEstimate, InitFromPlansTheFoldersOwnModel) {
+  const std::string folder =
+      std::string(ZINF_SOURCE_DIR) + "/tests/engine/data/transformers/families/qwen3_qk_norm_fp32";
+  ZinfRun run = run_zinf({"estimate", "--init-from", folder});
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  EXPECT_TRUE(contains(run.out,
+                       "model qwen3_qk_norm_fp32: 0.000 B parameters (2 layers, hidden "
+                       "32, intermediate 48, vocab 48)"))
+      << run.out;
+  EXPECT_TRUE(contains(run.out,
+                       "architecture: qwen3; q/k RMSNorm; 4 heads (1 key/value), "
+                       "head_dim 16"))
+      << run.out;
+  EXPECT_TRUE(contains(run.out, "Memory plan per rank")) << run.out;
+
+  TempDir empty;
+  ZinfRun missing = run_zinf({"estimate", "--init-from", empty.path()});
+  EXPECT_EQ(missing.exit_code, 2) << missing.out;
+  EXPECT_TRUE(contains(missing.err, empty.path() + "/config.json")) << missing.err;
+  ZinfRun both = run_zinf({"estimate", "--init-from", folder, "--model-size", "1b"});
+  EXPECT_NE(both.exit_code, 0);
+  ZinfRun neither = run_zinf({"estimate"});
+  EXPECT_EQ(neither.exit_code, 2);
+  EXPECT_TRUE(contains(neither.err, "give --model-size or --init-from")) << neither.err;
+}
+
 }  // namespace
 }  // namespace zinf::tools
