@@ -17,9 +17,10 @@ by it, as pretraining corpora are packed; `zinf train` then cuts the stream into
 --out must end in .u16 (the vocabulary fits 16 bits) or .u32: flat little-endian token ids.
 Beside it goes OUT.json, the sidecar `zinf train` checks against the model: the tokenizer's
 class, folder and SHA-256 of its files (each and combined), vocabulary size, EOS and BOS ids,
-the token and document counts and the inputs. --eval-out receives the last --eval-fraction of
-the documents (at least one) as held-out data for `zinf train --eval-data`, with its own
-sidecar. Long inputs show a progress bar with an ETA on stderr.
+the token and document counts and the inputs. --eval-out receives every round(1 /
+--eval-fraction)-th document as held-out data for `zinf train --eval-data`, with its own
+sidecar. One streaming pass, a batch of documents at a time (a text file is read whole), so a
+corpus larger than memory tokenizes; a progress bar with an ETA on stderr.
 """
 
 import argparse
@@ -80,18 +81,6 @@ def documents(path, separator, jsonl_key):
             yield part
 
 
-def write_tokens(path, chunks, width):
-    dtype = np.dtype("<u2" if width == 2 else "<u4")
-    tmp = path + ".partial"
-    count = 0
-    with open(tmp, "wb") as f:
-        for ids in chunks:
-            np.asarray(ids, dtype=dtype).tofile(f)
-            count += len(ids)
-    os.replace(tmp, path)
-    return count
-
-
 def write_sidecar(path, body):
     tmp = path + ".partial"
     with open(tmp, "w") as f:
@@ -107,7 +96,8 @@ def main():
     ap.add_argument("--out", required=True, help="token file to write: *.u16 or *.u32")
     ap.add_argument("--eval-out", help="held-out token file (*.u16 or *.u32)")
     ap.add_argument("--eval-fraction", type=float, default=0.05,
-                    help="share of the documents held out for --eval-out (default 0.05)")
+                    help="share of the documents held out for --eval-out: every round(1 / "
+                         "fraction)-th one (default 0.05: every 20th)")
     ap.add_argument("--separator", default="",
                     help="string that separates documents inside a text file (default: none, "
                          "one document per file); escapes such as \\n are understood")
@@ -148,26 +138,52 @@ def main():
             sys.exit(f"tokenize: {out}: the vocabulary of {vocab} ids does not fit 16 bits; "
                      "name the file *.u32")
 
-    docs = [d for path in args.inputs for d in documents(path, separator, args.jsonl_key)]
-    if not docs:
+    # One streaming pass: documents are tokenized a batch at a time and appended to the output
+    # files, so the corpus never has to fit in memory. Every `every`-th document (the last of
+    # each run of `every`) is held out.
+    every = max(2, int(round(1.0 / args.eval_fraction))) if args.eval_out else 0
+    dtype = np.dtype("<u2" if width == 2 else "<u4")
+    outs = {"train": args.out, "held-out": args.eval_out}
+    files_out = {role: open(path + ".partial", "wb") for role, path in outs.items() if path}
+    counts = {role: 0 for role in files_out}
+    docs_in = {role: 0 for role in files_out}
+    total_bytes = sum(os.path.getsize(p) for p in args.inputs)
+    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="tokenize", disable=None,
+               file=sys.stderr)
+    index = 0
+
+    def flush(batch):
+        nonlocal index
+        encoded = tok(batch, add_special_tokens=False)["input_ids"]
+        for ids in encoded:
+            role = "held-out" if every and index % every == every - 1 else "train"
+            np.asarray(ids + [eos], dtype=dtype).tofile(files_out[role])
+            counts[role] += len(ids) + 1
+            docs_in[role] += 1
+            index += 1
+        bar.update(sum(len(d.encode("utf-8")) for d in batch))
+
+    batch = []
+    for path in args.inputs:
+        for doc in documents(path, separator, args.jsonl_key):
+            batch.append(doc)
+            if len(batch) == args.batch:
+                flush(batch)
+                batch = []
+    if batch:
+        flush(batch)
+    for f in files_out.values():
+        f.close()
+    if index == 0 or (args.eval_out and (docs_in["held-out"] == 0 or docs_in["train"] == 0)):
+        for path in outs.values():
+            if path and os.path.exists(path + ".partial"):
+                os.remove(path + ".partial")
+    if index == 0:
         sys.exit("tokenize: the inputs hold no text")
-    held = max(1, int(round(len(docs) * args.eval_fraction))) if args.eval_out else 0
-    if held >= len(docs):
-        sys.exit(f"tokenize: {len(docs)} document(s) cannot be split into training and held-out "
-                 "data; give more text, or --separator to cut files into documents")
-    train_docs, eval_docs = docs[:len(docs) - held], docs[len(docs) - held:]
-
-    total_chars = sum(len(d) for d in docs)
-    bar = tqdm(total=total_chars, unit="char", unit_scale=True, desc="tokenize",
-               disable=None, file=sys.stderr)
-
-    def chunks(selected):
-        for i in range(0, len(selected), args.batch):
-            batch = selected[i:i + args.batch]
-            encoded = tok(batch, add_special_tokens=False)["input_ids"]
-            for ids in encoded:
-                yield ids + [eos]
-            bar.update(sum(len(d) for d in batch))
+    if args.eval_out and (docs_in["held-out"] == 0 or docs_in["train"] == 0):
+        sys.exit(f"tokenize: {index} document(s) cannot be split into training and held-out "
+                 f"data (every {every}th is held out); give more text, --separator to cut files "
+                 "into documents, or a larger --eval-fraction")
 
     tokenizer = {"class": type(tok).__name__, "source": os.path.abspath(args.model),
                  "sha256": combined, "files": files}
@@ -175,17 +191,16 @@ def main():
               for p in args.inputs]
     made = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     results = []
-    for out, selected, role in [(args.out, train_docs, "train"),
-                                (args.eval_out, eval_docs, "held-out")]:
+    for role, out in outs.items():
         if not out:
             continue
-        count = write_tokens(out, chunks(selected), width)
+        os.replace(out + ".partial", out)
         write_sidecar(out + ".json", {
-            "format": "zinf-tokens/1", "tokens": count, "width": width,
-            "documents": len(selected), "role": role, "vocab_size": vocab, "eos_id": eos,
+            "format": "zinf-tokens/1", "tokens": counts[role], "width": width,
+            "documents": docs_in[role], "role": role, "vocab_size": vocab, "eos_id": eos,
             "bos_id": tok.bos_token_id, "tokenizer": tokenizer, "inputs": inputs,
             "created": made})
-        results.append((out, count, len(selected)))
+        results.append((out, counts[role], docs_in[role]))
     bar.close()
     for out, count, n in results:
         print(f"{out}: {count} tokens from {n} document(s), {width * 8}-bit ids; sidecar "
