@@ -717,8 +717,17 @@ int run_train(const TrainArgs& args) {
       double loss;
     };
     std::vector<EvalPoint> evals;
+    // What the evaluations cost, kept apart from the training's figures in the summary.
+    struct EvalCost {
+      int passes = 0;
+      double seconds = 0.0, param_fetch = 0.0, misses = 0.0, param_swap = 0.0;
+      uint64_t allocations_before_first = 0;  // by the device runtime, before step 1 ends
+      uint64_t allocations_after_first = 0;   // and after it
+    } eval_cost;
     auto evaluate_held_out = [&](int64_t at_step) {
       const Clock::time_point t0 = Clock::now();
+      const zero::ZeroModelStats s0 = eng.zero_model().stats();
+      const uint64_t allocations0 = runtime_allocations(eng.accelerator());
       data::LoaderOptions eo;
       eo.seq_len = seq_len;
       eo.rank = launch.rank;
@@ -738,6 +747,14 @@ int run_train(const TrainArgs& args) {
       }
       const double mean_loss = sum / static_cast<double>(eval_batches * launch.world_size);
       evals.push_back({at_step, mean_loss});
+      const zero::ZeroModelStats s1 = eng.zero_model().stats();
+      ++eval_cost.passes;
+      eval_cost.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+      eval_cost.param_fetch += s1.params.wait_seconds - s0.params.wait_seconds;
+      eval_cost.misses += s1.coordinator.block_wait_seconds - s0.coordinator.block_wait_seconds;
+      eval_cost.param_swap += s1.param_swap.io_wait_seconds - s0.param_swap.io_wait_seconds;
+      (at_step >= 1 ? eval_cost.allocations_after_first : eval_cost.allocations_before_first) +=
+          runtime_allocations(eng.accelerator()) - allocations0;
       if (csv) csv->write("Train/Samples/eval_loss", eng.global_samples(), mean_loss);
       if (lead) {
         progress.print(fmt::format(
@@ -879,10 +896,14 @@ int run_train(const TrainArgs& args) {
       fmt::print("memory      planned and measured peak per tier (rank 0):\n{}", mem.table());
       // Once the first step has made the buffers, later steps reuse them: a device that
       // allocates every step (cudaMalloc synchronizes the GPU) shows here.
-      const uint64_t allocations = runtime_allocations(eng.accelerator());
+      // The evaluations' own are left out of every figure below and shown on their own line.
+      const uint64_t allocations =
+          runtime_allocations(eng.accelerator()) - eval_cost.allocations_after_first;
+      const uint64_t first_step_allocations =
+          allocations_after_first - eval_cost.allocations_before_first;
       fmt::print(
           "allocations {} by the {} device's runtime in step 1, {} in the {} step(s) after it{}\n",
-          allocations_after_first, options.accelerator, allocations - allocations_after_first,
+          first_step_allocations, options.accelerator, allocations - allocations_after_first,
           step - 1,
           step > 1 ? fmt::format(" ({:.1f} per step)",
                                  static_cast<double>(allocations - allocations_after_first) /
@@ -892,8 +913,17 @@ int run_train(const TrainArgs& args) {
       fmt::print(
           "blocked     over {} steps (rank 0): param fetch {:.2f} s (prefetch misses {:.2f} s), "
           "gradient reduction {:.2f} s, optimizer I/O {:.2f} s, param swap I/O {:.2f} s\n",
-          step, zs.params.wait_seconds, zs.coordinator.block_wait_seconds, zs.reducer.wait_seconds,
-          zs.optimizer_swap.io_wait_seconds, zs.param_swap.io_wait_seconds);
+          step, zs.params.wait_seconds - eval_cost.param_fetch,
+          zs.coordinator.block_wait_seconds - eval_cost.misses, zs.reducer.wait_seconds,
+          zs.optimizer_swap.io_wait_seconds, zs.param_swap.io_wait_seconds - eval_cost.param_swap);
+      if (eval_cost.passes > 0) {
+        fmt::print(
+            "evaluation  {} pass(es) in {:.2f} s: param fetch {:.2f} s (prefetch misses {:.2f} s), "
+            "param swap I/O {:.2f} s, {} device allocations (not in the lines above)\n",
+            eval_cost.passes, eval_cost.seconds, eval_cost.param_fetch, eval_cost.misses,
+            eval_cost.param_swap,
+            eval_cost.allocations_before_first + eval_cost.allocations_after_first);
+      }
       fmt::print(
           "loss        {:.4f} -> {:.4f} (mean of the first and last {} steps); unigram "
           "entropy {:.4f}: {}\n",

@@ -116,6 +116,10 @@ TEST(CliEval, HeldOutLossIsReportedEverywhereAndLeavesTrainingAsItWas) {
                           s.eval_text)))
       << run.out;
   EXPECT_TRUE(contains(run.out, "loss plot   " + png)) << run.out << run.err;
+  // The evaluations' cost on a line of its own, kept out of the training's figures.
+  EXPECT_TRUE(std::regex_search(
+      run.out, std::regex("evaluation  4 pass\\(es\\) in [0-9.]+ s: param fetch [0-9.]+ s")))
+      << run.out;
 
   // Without --eval-data the same run trains to the same losses, bit for bit as csv prints them.
   fs::remove_all(s.dir.file("csv"));
