@@ -18,7 +18,7 @@ int64_t rows_per_chunk(const at::Tensor& q, int64_t chunk_rows) {
   const int64_t seq = q.size(2);
   if (chunk_rows > 0) return std::min(chunk_rows, seq);
   const int64_t per_row = std::max<int64_t>(1, q.size(0) * q.size(1) * seq * 4);
-  return std::clamp<int64_t>((int64_t{16} << 20) / per_row, 16, seq);
+  return std::clamp<int64_t>(static_cast<int64_t>(kScoresChunkBytes) / per_row, 16, seq);
 }
 
 // The first key rows [a, ...) may see: 0, or with a window the oldest key inside it.
@@ -59,9 +59,12 @@ struct ChunkedAttention : public torch::autograd::Function<ChunkedAttention> {
       const int64_t b = std::min(seq, a + rows);
       const int64_t lo = first_key(a, window);
       const at::Tensor scores = chunk_scores(q, k, a, b, lo, window);
-      const at::Tensor probs = at::softmax(scores, -1).to(q.scalar_type());
+      // One reduction gives both the row's log-sum-exp (kept for backward) and the
+      // probabilities.
+      const at::Tensor row_lse = at::logsumexp(scores, -1, /*keepdim=*/true);
+      const at::Tensor probs = at::exp(scores - row_lse).to(q.scalar_type());
       out.narrow(2, a, b - a).copy_(portable_matmul(probs, v.narrow(2, lo, b - lo)));
-      lse.narrow(2, a, b - a).copy_(at::logsumexp(scores, -1));
+      lse.narrow(2, a, b - a).copy_(row_lse.squeeze(-1));
     }
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["window"] = window;

@@ -26,6 +26,8 @@ namespace zinf::engine {
 // LibTorch 2.x build without a window, ATen's scaled_dot_product_attention, whose CPU and CUDA
 // kernels hold no score matrix either): 64 MiB, a 2048-token sequence with 4 heads.
 inline constexpr uint64_t kFullScoresLimitBytes = 64ull << 20;
+// The fp32 scores one chunk of the long-sequence path holds (rows chosen to fit it).
+inline constexpr uint64_t kScoresChunkBytes = 16ull << 20;
 
 // The bytes above which the model's attention leaves full_attention (kFullScoresLimitBytes
 // unless set; process-wide). Tests lower it to take the long-sequence path at short lengths.

@@ -254,7 +254,7 @@ uint64_t llama_activation_bytes(const LlamaConfig& c, int64_t batch, int64_t seq
   const uint64_t scores =
       score_elements * 4 <= full_scores_limit()
           ? score_elements * (4 + 4 + e)
-          : (uint64_t{16} << 20) / 4 * (4 + 4 + e) +
+          : kScoresChunkBytes / 4 * (4 + 4 + e) +
                 2 * tokens * static_cast<uint64_t>(c.num_heads * c.head_size()) * 4;
   const uint64_t layer = 2 * (tokens * (8 * h + 4 * inter) * e + scores);
   // fp32 logits, their softmax and gradient; past full_logits_limit() one chunk of them
@@ -262,7 +262,7 @@ uint64_t llama_activation_bytes(const LlamaConfig& c, int64_t batch, int64_t seq
   const uint64_t vocab = static_cast<uint64_t>(c.vocab_size);
   const uint64_t logits = tokens * vocab * 4 <= full_logits_limit()
                               ? 3 * tokens * vocab * 4
-                              : 2 * (uint64_t{32} << 20) + vocab * h * 4;
+                              : 2 * kLogitsChunkBytes + vocab * h * 4;
   return saved + layer + logits;
 }
 

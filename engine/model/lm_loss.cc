@@ -15,7 +15,8 @@ std::atomic<uint64_t> g_full_logits_limit{kFullLogitsLimitBytes};
 
 int64_t rows_per_chunk(int64_t tokens, int64_t vocab, int64_t chunk_rows) {
   if (chunk_rows > 0) return std::min(chunk_rows, tokens);
-  return std::clamp<int64_t>((int64_t{32} << 20) / std::max<int64_t>(1, vocab * 4), 1, tokens);
+  return std::clamp<int64_t>(
+      static_cast<int64_t>(kLogitsChunkBytes) / std::max<int64_t>(1, vocab * 4), 1, tokens);
 }
 
 // The fp32 logits of rows [a, b).
@@ -32,14 +33,17 @@ struct ChunkedLmLoss : public torch::autograd::Function<ChunkedLmLoss> {
     // Sum of (log-sum-exp - the target's logit), row by row, in fp64 across chunks so the
     // mean does not depend on the chunking beyond fp32 rounding within a row.
     at::Tensor total = at::zeros({}, hidden.options().dtype(at::kDouble));
+    // Each row's log-sum-exp, kept so the backward forms the softmax without reducing again.
+    at::Tensor lse = at::empty({tokens}, hidden.options().dtype(at::kFloat));
     for (int64_t a = 0; a < tokens; a += rows) {
       const int64_t b = std::min(tokens, a + rows);
       const at::Tensor logits = chunk_logits(hidden, weight, a, b);
       const at::Tensor target = targets.narrow(0, a, b - a).unsqueeze(1);
-      const at::Tensor nll = at::logsumexp(logits, 1) - logits.gather(1, target).squeeze(1);
-      total += nll.sum().to(at::kDouble);
+      const at::Tensor row_lse = at::logsumexp(logits, 1);
+      lse.narrow(0, a, b - a).copy_(row_lse);
+      total += (row_lse - logits.gather(1, target).squeeze(1)).sum().to(at::kDouble);
     }
-    ctx->save_for_backward({hidden, weight, targets});
+    ctx->save_for_backward({hidden, weight, targets, lse});
     ctx->saved_data["rows"] = rows;
     return {(total / static_cast<double>(tokens)).to(at::kFloat)};
   }
@@ -50,6 +54,7 @@ struct ChunkedLmLoss : public torch::autograd::Function<ChunkedLmLoss> {
     const at::Tensor& hidden = saved[0];
     const at::Tensor& weight = saved[1];
     const at::Tensor& targets = saved[2];
+    const at::Tensor& lse = saved[3];
     const int64_t rows = ctx->saved_data["rows"].toInt();
     const int64_t tokens = hidden.size(0);
     const at::ScalarType dtype = hidden.scalar_type();
@@ -59,7 +64,8 @@ struct ChunkedLmLoss : public torch::autograd::Function<ChunkedLmLoss> {
     at::Tensor d_weight = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
     for (int64_t a = 0; a < tokens; a += rows) {
       const int64_t b = std::min(tokens, a + rows);
-      at::Tensor d_logits = at::softmax(chunk_logits(hidden, weight, a, b), 1);
+      at::Tensor d_logits =
+          at::exp(chunk_logits(hidden, weight, a, b) - lse.narrow(0, a, b - a).unsqueeze(1));
       d_logits.scatter_add_(1, targets.narrow(0, a, b - a).unsqueeze(1),
                             at::full({b - a, 1}, -1.0, d_logits.options()));
       const at::Tensor d_chunk = (d_logits * scale).to(dtype);

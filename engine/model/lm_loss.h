@@ -23,6 +23,8 @@ namespace zinf::engine {
 
 // The logits bytes (fp32) above which LlamaModel::loss takes chunked_lm_loss: 64 MiB.
 inline constexpr uint64_t kFullLogitsLimitBytes = 64ull << 20;
+// The fp32 logits one chunk of the chunked loss holds (rows chosen to fit it).
+inline constexpr uint64_t kLogitsChunkBytes = 32ull << 20;
 // Process-wide; tests lower it to take the chunked path at short lengths.
 [[nodiscard]] uint64_t full_logits_limit() noexcept;
 void set_full_logits_limit(uint64_t bytes) noexcept;

@@ -1,8 +1,8 @@
 // scripts/tokenize-text.py and `zinf train`'s checks of what it writes, run for real: a model
-// folder with its own tokenizer (make_tokenizer_model.py: a BPE tokenizer trained on Debian's
-// license texts and a tiny Llama sized to it) tokenizes text into .u16 files with sidecars;
-// `zinf train --init-from` that folder trains on them, says which tokenizer made the data and
-// that it is the folder's own, and reports the held-out loss. A tokenizer whose files differ is
+// folder with its own tokenizer (scripts/make-model-with-tokenizer.py: a BPE tokenizer trained
+// on Debian's license texts and a tiny Llama sized to it) tokenizes text into .u16 files with
+// sidecars; `zinf train --init-from` that folder trains on them, says which tokenizer made the data
+// and that it is the folder's own, and reports the held-out loss. A tokenizer whose files differ is
 // named in a warning; a sidecar whose vocabulary exceeds the model's, or that describes another
 // file, is refused before training. A named model takes its vocabulary from the sidecar.
 //
@@ -52,7 +52,10 @@ TEST(CliTokenize, TextTokenizedByTheModelsOwnTokenizerTrainsAndIsChecked) {
   const std::string model = dir.file("model");
   ASSERT_TRUE(run_logged(python + ZINF_MAKE_TOKENIZER_MODEL + " '" + model + "' " + kTexts,
                          dir.file("model.log")));
-  const int vocab = std::stoi(read_file(dir.file("model.log")));
+  // The script's last line is the tokenizer's size.
+  const std::string made = read_file(dir.file("model.log"));
+  const size_t last = made.find_last_of('\n', made.size() - 2);
+  const int vocab = std::stoi(made.substr(last == std::string::npos ? 0 : last + 1));
   ASSERT_TRUE(run_logged(python + ZINF_TOKENIZE_SCRIPT + " --model '" + model + "' --out '" +
                              dir.file("train.u16") + "' --eval-out '" + dir.file("eval.u16") +
                              "' --eval-fraction 0.1 --separator '\\n\\n' " + kTexts,
