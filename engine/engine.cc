@@ -10,6 +10,7 @@
 
 #include "aio/pinned_budget.h"
 #include "aio/pinned_buffer.h"
+#include "engine/compute_memory.h"
 #include "engine/cuda_compute.h"
 #include "offload/cpu_accelerator.h"
 #include "offload/cuda_accelerator.h"
@@ -91,11 +92,14 @@ std::vector<PlanParam> describe_parameters(torch::nn::Module& root) {
 
 std::string MemoryReport::table() const {
   std::string out = fmt::format("{:<8} {:>12} {:>12}\n", "tier", "planned", "measured");
+  out += fmt::format("{:<8} {:>12} {:>12}  (peak of zinf's device allocations)\n", "device",
+                     format_bytes(plan.device_total() - plan.device_activations),
+                     format_bytes(device_peak));
   out += fmt::format(
-      "{:<8} {:>12} {:>12}  (peak of zinf's device allocations; activations are "
-      "LibTorch's)\n",
-      "device", format_bytes(plan.device_total() - plan.device_activations),
-      format_bytes(device_peak));
+      "{:<8} {:>12} {:>12}  (LibTorch's on the device: activations, a layer's "
+      "recomputation, the loss)\n",
+      "compute", format_bytes(plan.device_activations),
+      compute.measured ? format_bytes(compute.peak_bytes) : "not measured");
   out += fmt::format("{:<8} {:>12} {:>12}\n", "pinned", format_bytes(plan.pinned),
                      format_bytes(pinned));
   out += fmt::format("{:<8} {:>12} {:>12}\n", "host", format_bytes(plan.host), format_bytes(host));
@@ -159,6 +163,8 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, EngineOptions options,
                     options_.accelerator));
   }
   device_ = zero::compute_device(*accelerator_);
+  track_compute_memory();
+  reset_compute_peak(device_);
   // Every pinned buffer made from here on (pools, staging, aio's bounce buffers) is registered
   // with the device, so its copies run at pinned speed (cudaHostRegister on a GPU).
   aio::set_pin_hooks(accelerator_->pin_hooks());
@@ -169,7 +175,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, EngineOptions options,
   in.zero = options_.zero;
   in.world_size = comm_->world_size();
   in.optimizer_states = optimizer_states(options_.optimizer.type);
-  in.activation_bytes = options_.activation_bytes;
+  in.activations = options_.activations;
   in.host_reads_device_memory = accelerator_->host_reads_device_memory();
   plan_ = plan_memory(in);
   PlanLimits limits;
@@ -482,6 +488,8 @@ MemoryReport Engine::memory_report() const {
   r.host = s.host_bytes;
   r.nvme = s.nvme_bytes;
   r.peak_rss = aio::peak_rss_bytes();
+  r.compute = compute_memory(device_);
+  r.activations = s.activations;
   return r;
 }
 

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "engine/checkpoint.h"
+#include "engine/compute_memory.h"
 #include "engine/memory_plan.h"
 #include "offload/accelerator.h"
 #include "optimizer_cpu/optimizer.h"
@@ -114,7 +115,7 @@ struct EngineOptions {
 
   std::string accelerator = "cpu";      // "cpu", "strict" or "cuda"
   uint64_t memory_budget = 8ull << 30;  // cpu and strict accelerator budget (bytes)
-  uint64_t activation_bytes = 0;        // the model's estimate, for the plan
+  ActivationEstimate activations;       // the model's estimate, for the plan
   zero::CommOptions comm;
   zero::LaunchEnv launch;  // detect_launch_env() by default
   int threads = 0;         // compute threads; 0: keep LibTorch's setting
@@ -149,6 +150,8 @@ struct MemoryReport {
   uint64_t host = 0;
   uint64_t nvme = 0;
   uint64_t peak_rss = 0;  // the process's high-water resident set
+  ComputeMemory compute;  // LibTorch's own allocations on the compute device
+  zero::ActivationOffloadStats activations;
   std::string table() const;
 };
 

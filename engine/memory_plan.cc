@@ -175,7 +175,27 @@ MemoryPlan plan_memory(const PlanInputs& in) {
       break;
     }
   }
-  plan.device_activations = in.activation_bytes;
+  // Activations (zero/activation_offload.h): on the device, or all saved inputs but the one
+  // being recomputed in pinned buffers (cpu) or in the swap file through two pinned staging
+  // buffers (nvme).
+  const ActivationEstimate& a = in.activations;
+  const uint64_t saved_page = round_page(a.saved_input_bytes);
+  switch (a.saved_inputs == 0 ? OffloadTarget::kNone : z.activation_offload) {
+    case OffloadTarget::kNone:
+      plan.device_activations = a.total();
+      break;
+    case OffloadTarget::kCpu:
+      plan.device_activations = a.working_bytes + a.saved_input_bytes;
+      plan.pinned_activations = a.saved_inputs * saved_page;
+      break;
+    case OffloadTarget::kNvme:
+      plan.device_activations = a.working_bytes + a.saved_input_bytes;
+      plan.pinned_activations = std::min<uint64_t>(2, a.saved_inputs) * saved_page;
+      plan.nvme_activations = a.saved_inputs * saved_page;
+      break;
+  }
+  plan.pinned += plan.pinned_activations;
+  plan.nvme += plan.nvme_activations;
   plan.host_peak_init = largest_numel * 4 * 2;
   return plan;
 }
@@ -188,13 +208,19 @@ std::string MemoryPlan::table() const {
       format_bytes(device_total()), format_bytes(device_resident), format_bytes(device_slices),
       format_bytes(device_gathered), format_bytes(device_buckets), format_bytes(device_optimizer),
       format_bytes(device_activations));
-  out += fmt::format("  pinned   {:>11}  (pools, staging buffers, pinned CPU slices)\n",
-                     format_bytes(pinned));
+  out += fmt::format(
+      "  pinned   {:>11}  (pools, staging buffers, pinned CPU slices{})\n", format_bytes(pinned),
+      pinned_activations == 0
+          ? std::string()
+          : fmt::format("; offloaded activations {}", format_bytes(pinned_activations)));
   out += fmt::format(
       "  host     {:>11}  (in-memory optimizer arrays, unpinned slices; +{} "
       "transient at start-up)\n",
       format_bytes(host), format_bytes(host_peak_init));
-  out += fmt::format("  nvme     {:>11}  (swap files)\n", format_bytes(nvme));
+  out += fmt::format("  nvme     {:>11}  (swap files{})\n", format_bytes(nvme),
+                     nvme_activations == 0 ? std::string()
+                                           : fmt::format("; offloaded activations {}",
+                                                         format_bytes(nvme_activations)));
   return out;
 }
 

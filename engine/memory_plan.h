@@ -25,12 +25,24 @@ struct PlanParam {
   bool outside_use = false;  // used outside every block
 };
 
+// What the model computes with, per micro-batch, besides zinf's own buffers: the inputs its
+// ZeroBlocks save for the backward (one per block) and the rest LibTorch holds at the peak
+// (the residual stream, one block's recomputation with its gradients, the head and the loss).
+struct ActivationEstimate {
+  uint64_t saved_input_bytes = 0;  // one block's saved input
+  uint64_t saved_inputs = 0;       // blocks whose input is saved
+  uint64_t working_bytes = 0;      // the rest, on the device
+  [[nodiscard]] uint64_t total() const noexcept {
+    return saved_inputs * saved_input_bytes + working_bytes;
+  }
+};
+
 struct PlanInputs {
   std::vector<PlanParam> params;
   zero::ZeroConfig zero;
   int world_size = 1;
-  size_t optimizer_states = 2;    // arrays besides params and grads (Adam: m, v; Adagrad/Lion: 1)
-  uint64_t activation_bytes = 0;  // the model's estimate for one micro-batch (0: unknown)
+  size_t optimizer_states = 2;     // arrays besides params and grads (Adam: m, v; Adagrad/Lion: 1)
+  ActivationEstimate activations;  // the model's estimate for one micro-batch (0: unknown)
   // False on CUDA and on the strict device: the gradient reducer then copies what host code
   // reads into a pinned staging buffer (zero/grad_reducer.h), which the plan counts.
   bool host_reads_device_memory = true;
@@ -38,12 +50,15 @@ struct PlanInputs {
 
 struct MemoryPlan {
   // Device.
-  uint64_t device_resident = 0;   // parameters always in full (stages 0-2, outside blocks)
-  uint64_t device_slices = 0;     // stage 3 slices kept on the device (offload_param none)
-  uint64_t device_gathered = 0;   // stage 3: gathered at the live limit, persistent ones, copies
-  uint64_t device_buckets = 0;    // gradient reduction buckets
-  uint64_t device_optimizer = 0;  // offload_optimizer none: the optimizer's arrays
-  uint64_t device_activations = 0;
+  uint64_t device_resident = 0;     // parameters always in full (stages 0-2, outside blocks)
+  uint64_t device_slices = 0;       // stage 3 slices kept on the device (offload_param none)
+  uint64_t device_gathered = 0;     // stage 3: gathered at the live limit, persistent ones, copies
+  uint64_t device_buckets = 0;      // gradient reduction buckets
+  uint64_t device_optimizer = 0;    // offload_optimizer none: the optimizer's arrays
+  uint64_t device_activations = 0;  // LibTorch's: the working set, and saved inputs kept
+  // Of `pinned` and `nvme` below: the saved inputs zinf.activation_offload moves there.
+  uint64_t pinned_activations = 0;
+  uint64_t nvme_activations = 0;
   // Host.
   uint64_t pinned = 0;          // pools, staging buffers, pinned CPU-tier slices
   uint64_t host = 0;            // in-memory optimizer arrays (offload cpu), unpinned slices

@@ -75,8 +75,8 @@ int run(int steps) {
   options.steps_per_print = 0;  // this program prints its own line per step
   options.accelerator = "cpu";
   options.memory_budget = 256ull << 20;  // bytes the CPU accelerator may hand out
-  options.activation_bytes =             // for the memory plan: fp32 activations of one micro-batch
-      engine::llama_activation_bytes(config, kMicroBatch, kSeqLen, sizeof(float));
+  options.activations =                  // for the memory plan: fp32 activations of one micro-batch
+      engine::llama_activations(config, kMicroBatch, kSeqLen, sizeof(float));
   options.launch = zinf::zero::detect_launch_env();
 
   engine::Engine trainer(model, options, [](const std::string& name, at::Tensor& full) {

@@ -163,7 +163,7 @@ int run_estimate(const EstimateArgs& args) {
         v.zero.stage = 3;
         v.zero.offload_param = param;
         v.zero.offload_optimizer = opt;
-        v.activation_bytes = 0;
+        v.activations = {};
         // "nvme" means on NVMe: no parameter slice kept in memory (max_in_cpu 0).
         if (param == OffloadTarget::kNvme) v.zero.param_max_in_cpu = 0;
         const engine::MemoryPlan p = engine::plan_memory(v);

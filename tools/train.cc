@@ -509,8 +509,8 @@ int run_train(const TrainArgs& args) {
     engine::EngineOptions options = engine_options(cfg, launch, seq_len, threads);
     const at::ScalarType dtype = parameter_dtype(cfg.zero.precision);
     const int64_t micro = options.micro_batch_size;
-    options.activation_bytes =
-        engine::llama_activation_bytes(*model, micro, seq_len, dtype == at::kFloat ? 4 : 2);
+    options.activations =
+        engine::llama_activations(*model, micro, seq_len, dtype == at::kFloat ? 4 : 2);
     const int64_t global_batch = micro * cfg.zero.gradient_accumulation_steps * launch.world_size;
     const engine::MemoryPlan plan =
         engine::plan_memory(llama_plan_inputs(*model, cfg, launch.world_size, micro, seq_len));
@@ -894,6 +894,15 @@ int run_train(const TrainArgs& args) {
           tps > 0 ? static_cast<double>(tokens_per_step) / tps : 0.0, tokens_per_step,
           launch.world_size, threads);
       fmt::print("memory      planned and measured peak per tier (rank 0):\n{}", mem.table());
+      if (mem.activations.saved > 0) {
+        const zero::ActivationOffloadStats& a = mem.activations;
+        fmt::print(
+            "activations {} block inputs offloaded to {} ({} in all, at most {} at once), {} "
+            "back ({} read ahead); waited {:.2f} s on writes, {:.2f} s on reads\n",
+            a.saved, cfg.zero.activation_offload == zero::OffloadTarget::kNvme ? "nvme" : "cpu",
+            engine::format_bytes(a.saved_bytes), engine::format_bytes(a.largest_saved), a.restored,
+            a.prefetched, a.write_wait_seconds, a.read_wait_seconds);
+      }
       // Once the first step has made the buffers, later steps reuse them: a device that
       // allocates every step (cudaMalloc synchronizes the GPU) shows here.
       // The evaluations' own are left out of every figure below and shown on their own line.

@@ -183,7 +183,7 @@ engine::PlanInputs llama_plan_inputs(const engine::LlamaConfig& model,
   in.world_size = world_size;
   in.optimizer_states = static_cast<size_t>(config.optimizer.states_per_param() - 2);
   const int64_t element_bytes = config.zero.precision == zero::Precision::kFloat32 ? 4 : 2;
-  in.activation_bytes = engine::llama_activation_bytes(model, micro_batch, seq_len, element_bytes);
+  in.activations = engine::llama_activations(model, micro_batch, seq_len, element_bytes);
   in.host_reads_device_memory = config.zinf.accelerator == config::AcceleratorType::kCpu;
   return in;
 }

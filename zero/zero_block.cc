@@ -8,6 +8,7 @@
 #include <mutex>
 #include <vector>
 
+#include "zero/activation_offload.h"
 #include "zero/error.h"
 #include "zero/zero_model.h"
 
@@ -57,7 +58,7 @@ void set_rng_state(const RngState& s, const c10::Device& device) {
 // come from the recomputed graph and go to the ZeroModel, never to `.grad`.
 struct BlockFunction : public torch::autograd::Function<BlockFunction> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, int64_t block_address,
-                               const torch::Tensor& trigger) {
+                               const torch::Tensor& trigger, bool for_backward) {
     (void)trigger;
     auto* block = reinterpret_cast<ZeroBlockImpl*>(block_address);
     ZeroModel& model = *block->model();
@@ -66,6 +67,14 @@ struct BlockFunction : public torch::autograd::Function<BlockFunction> {
     ctx->saved_data["rng"] = rng.cpu;
     if (rng.device.defined()) {
       ctx->saved_data["rng_device"] = rng.device;
+    }
+    // With activation offload the input leaves the device before the block runs (an NVMe
+    // write then overlaps the block's compute); without a backward to come nothing is kept.
+    ActivationOffload* offload = for_backward ? model.activation_offload() : nullptr;
+    torch::Tensor token;
+    if (offload != nullptr) {
+      token = offload->save(x);
+      ctx->saved_data["x_needs_grad"] = x.requires_grad();
     }
     model.enter_block(block->id());
     torch::Tensor out;
@@ -76,15 +85,19 @@ struct BlockFunction : public torch::autograd::Function<BlockFunction> {
       throw;
     }
     model.leave_block(block->id());
-    ctx->save_for_backward({x});
+    ctx->save_for_backward({offload != nullptr ? token : x});
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     auto* block = reinterpret_cast<ZeroBlockImpl*>(ctx->saved_data["block"].toInt());
     ZeroModel& model = *block->model();
-    const torch::Tensor x = ctx->get_saved_variables()[0];
-    const bool x_needs_grad = x.requires_grad();
+    torch::Tensor x = ctx->get_saved_variables()[0];
+    bool x_needs_grad = x.requires_grad();
+    if (auto it = ctx->saved_data.find("x_needs_grad"); it != ctx->saved_data.end()) {
+      x_needs_grad = it->second.toBool();
+      x = model.activation_offload()->restore(x);  // x is the token save() gave
+    }
 
     model.enter_block(block->id());
     torch::Tensor grad_x;
@@ -146,7 +159,7 @@ struct BlockFunction : public torch::autograd::Function<BlockFunction> {
     model.leave_block(block->id());
     model.block_grads(block->id(), param_grads);
 
-    return {grad_x, torch::Tensor(), torch::Tensor()};  // x, block address, trigger
+    return {grad_x, torch::Tensor(), torch::Tensor(), torch::Tensor()};  // x, block, trigger, flag
   }
 };
 
@@ -171,7 +184,8 @@ torch::Tensor ZeroBlockImpl::forward(const torch::Tensor& x) {
   if (!trigger_.defined()) {
     trigger_ = torch::zeros({}, torch::TensorOptions().requires_grad(true));
   }
-  return BlockFunction::apply(x, reinterpret_cast<int64_t>(this), trigger_);
+  return BlockFunction::apply(x, reinterpret_cast<int64_t>(this), trigger_,
+                              torch::GradMode::is_enabled());
 }
 
 }  // namespace zinf::zero

@@ -70,6 +70,11 @@ struct ZeroConfig {
   bool pipeline_read = false;
   bool pipeline_write = false;
 
+  // zinf.activation_offload: where ZeroBlocks keep their saved inputs between forward and
+  // backward (zero/activation_offload.h); kNone: on the device.
+  OffloadTarget activation_offload = OffloadTarget::kNone;
+  std::string activation_nvme_path;  // its swap folder; empty: nvme_paths
+
   // Swap folders (offload_*.nvme_path, or zinf.nvme_paths), the aio block, checksums.
   // Every store stripes across nvme_paths, except that a tier with its own folder
   // (DeepSpeed's offload_param.nvme_path / offload_optimizer.nvme_path, when zinf.nvme_paths

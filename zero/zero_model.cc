@@ -191,11 +191,12 @@ void ZeroModel::partition(const Initializer& initializer) {
   layout_ = std::make_unique<PartitionLayout>(numels, stage0 ? 1 : world, stage0 ? 0 : comm_.rank(),
                                               config_.sub_group_size);
 
-  auto make_store = [&](const char* name, const std::string& own_path) {
+  // `asker`: the setting that puts something on NVMe; `folder_key`: the tier's own folder key.
+  auto make_store = [&](const char* name, const std::string& own_path, const char* asker,
+                        const char* folder_key) {
     if (config_.nvme_paths.empty() && own_path.empty()) {
-      throw ZeroError(fmt::format(
-          "offload device nvme needs a folder: set offload_{}.nvme_path (or zinf.nvme_paths)",
-          name));
+      throw ZeroError(
+          fmt::format("{} needs a folder: set {} (or zinf.nvme_paths)", asker, folder_key));
     }
     offload::NvmeStoreConfig sc;
     // The tier's own folder, else every swap folder (striped when there are several).
@@ -207,16 +208,26 @@ void ZeroModel::partition(const Initializer& initializer) {
     return std::make_unique<offload::NvmeStore>(sc);
   };
   if (config_.offload_optimizer == OffloadTarget::kNvme) {
-    optimizer_nvme_ = make_store("optimizer", config_.optimizer_nvme_path);
+    optimizer_nvme_ = make_store("optimizer", config_.optimizer_nvme_path,
+                                 "offload_optimizer.device nvme", "offload_optimizer.nvme_path");
   }
   if (!managed_.empty() && config_.offload_param == OffloadTarget::kNvme) {
-    param_nvme_ = make_store("param", config_.param_nvme_path);
+    param_nvme_ = make_store("param", config_.param_nvme_path, "offload_param.device nvme",
+                             "offload_param.nvme_path");
     offload::ParamSwapperConfig pc;
     pc.buffer_count = config_.param_buffer_count;
     pc.buffer_size = config_.param_buffer_size;
     pc.max_in_cpu = config_.param_max_in_cpu;
     pc.element_bytes = dtype_size(dtype_);
     param_swapper_ = std::make_unique<offload::ParamSwapper>(pc, *param_nvme_, &accelerator_);
+  }
+  if (config_.activation_offload == OffloadTarget::kNvme) {
+    activation_nvme_ = make_store("activation", config_.activation_nvme_path,
+                                  "zinf.activation_offload \"nvme\"", "offload_param.nvme_path");
+  }
+  if (config_.activation_offload != OffloadTarget::kNone) {
+    activation_offload_ =
+        std::make_unique<ActivationOffload>(config_.activation_offload, activation_nvme_.get());
   }
   optimizer_ = std::make_unique<PartitionedOptimizer>(
       *layout_, config_, cpu_optimizer_, optimizer_nvme_.get(), &accelerator_, comm_, stage0);
@@ -627,7 +638,12 @@ ZeroModelStats ZeroModel::stats() const {
   if (config_.offload_optimizer != OffloadTarget::kNvme) {
     s.host_bytes += layout_->partition_numel() * 4 * optimizer_->swapper().states_per_param();
   }
-  for (const offload::NvmeStore* store : {param_nvme_.get(), optimizer_nvme_.get()}) {
+  if (activation_offload_) {
+    s.activations = activation_offload_->stats();
+    s.pinned_bytes += s.activations.pinned_bytes;
+  }
+  for (const offload::NvmeStore* store :
+       {param_nvme_.get(), optimizer_nvme_.get(), activation_nvme_.get()}) {
     if (store != nullptr) {
       s.nvme_bytes += store->stats().file_bytes;
     }

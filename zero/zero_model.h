@@ -42,6 +42,7 @@
 #include "offload/nvme_store.h"
 #include "offload/param_swapper.h"
 #include "optimizer_cpu/optimizer.h"
+#include "zero/activation_offload.h"
 #include "zero/comm/communicator.h"
 #include "zero/grad_reducer.h"
 #include "zero/param_coordinator.h"
@@ -80,11 +81,12 @@ struct ZeroModelStats {
   offload::OffloadCounters optimizer_swap;  // the optimizer tier
   offload::NvmeStoreStats param_nvme;       // offload_param nvme: the swap files' I/O
   offload::AcceleratorMemoryStats device;
-  uint64_t resident_bytes = 0;     // device bytes of resident parameters
-  uint64_t pinned_bytes = 0;       // pools and staging buffers
-  uint64_t host_bytes = 0;         // CPU-tier slices and in-memory optimizer arrays
-  uint64_t nvme_bytes = 0;         // swap files
-  double allgather_seconds = 0.0;  // after-step gathers of resident parameters
+  ActivationOffloadStats activations;  // zinf.activation_offload cpu or nvme
+  uint64_t resident_bytes = 0;         // device bytes of resident parameters
+  uint64_t pinned_bytes = 0;           // pools and staging buffers
+  uint64_t host_bytes = 0;             // CPU-tier slices and in-memory optimizer arrays
+  uint64_t nvme_bytes = 0;             // swap files
+  double allgather_seconds = 0.0;      // after-step gathers of resident parameters
   // Stage 3: most elements (bytes: in the compute precision) of full parameters gathered
   // at once, persistent ones and prefetches in flight included — from the issue of each
   // all-gather, when its memory is taken, to its release.
@@ -145,6 +147,10 @@ class ZeroModel {
   [[nodiscard]] const std::vector<torch::Tensor>& block_tensors(size_t block) const;
   // The gradients of block_tensors(block), in the same order (undefined: zero).
   void block_grads(size_t block, const std::vector<torch::Tensor>& grads);
+  // Where blocks keep their saved inputs (zinf.activation_offload); null: on the device.
+  [[nodiscard]] ActivationOffload* activation_offload() noexcept {
+    return activation_offload_.get();
+  }
 
   // ---- introspection ----------------------------------------------------------------------
   [[nodiscard]] int stage() const noexcept { return config_.stage; }
@@ -192,6 +198,8 @@ class ZeroModel {
   std::unique_ptr<PartitionLayout> layout_;
   std::unique_ptr<offload::NvmeStore> param_nvme_;
   std::unique_ptr<offload::NvmeStore> optimizer_nvme_;
+  std::unique_ptr<offload::NvmeStore> activation_nvme_;
+  std::unique_ptr<ActivationOffload> activation_offload_;  // goes before activation_nvme_
   std::unique_ptr<offload::ParamSwapper> param_swapper_;
   std::unique_ptr<ParamStore> store_;
   std::unique_ptr<ParamCoordinator> coordinator_;

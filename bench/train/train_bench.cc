@@ -122,7 +122,7 @@ int run_child(const Args& a) {
     o.log = [](const std::string& line) { fmt::print(stderr, "[engine] {}\n", line); };
   }
   const int64_t micro = o.micro_batch_size;
-  o.activation_bytes = engine::llama_activation_bytes(*model, micro, seq, 4);
+  o.activations = engine::llama_activations(*model, micro, seq, 4);
 
   data::LoaderOptions lo;
   lo.seq_len = seq;

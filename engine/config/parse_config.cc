@@ -599,9 +599,10 @@ void parse_checkpoint(JsonBlock& top, RunConfig& c) {
 
 // DeepSpeed's activation_checkpointing block (deepspeed.checkpointing): zinf always
 // checkpoints every decoder layer (a ZeroBlock keeps only its input and recomputes the layer in
-// backward), so the block is read and type-checked, and each switch zinf does not honour
-// warns when it is on.
-void parse_activation_checkpointing(JsonBlock& top) {
+// backward), so the block is read and type-checked. cpu_checkpointing moves those inputs to
+// pinned CPU memory (zinf.activation_offload "cpu", which wins when both are given); each other
+// switch zinf does not honour warns when it is on.
+void parse_activation_checkpointing(JsonBlock& top, RunConfig& c) {
   std::optional<JsonBlock> b = top.block("activation_checkpointing");
   if (!b) return;
   const std::string recompute =
@@ -613,9 +614,7 @@ void parse_activation_checkpointing(JsonBlock& top) {
   };
   warn_if_on("partition_activations",
              "zinf has no model parallelism to partition activations across");
-  warn_if_on("cpu_checkpointing",
-             "moving the saved layer inputs to CPU memory is not built yet (they stay in the "
-             "accelerator's memory)");
+  c.zinf.cpu_checkpointing = b->boolean("cpu_checkpointing", false);
   warn_if_on("contiguous_memory_optimization",
              "the saved layer inputs are LibTorch's tensors, not one buffer");
   warn_if_on("profile", "wall_clock_breakdown times the forward, backward and step");
@@ -628,7 +627,7 @@ void parse_activation_checkpointing(JsonBlock& top) {
 }
 
 // DeepSpeed features zinf does not implement: a warning when they are switched on.
-void parse_unsupported_features(JsonBlock& top) {
+void parse_unsupported_features(JsonBlock& top, RunConfig& c) {
   for (std::string_view key :
        {"amp", "flops_profiler", "comms_logger", "elasticity", "autotuning", "eigenvalue",
         "progressive_layer_drop", "nebula", "hybrid_engine", "compile", "torch_autocast"}) {
@@ -645,7 +644,7 @@ void parse_unsupported_features(JsonBlock& top) {
       top.context().warn(std::string(key), "not supported by zinf; ignored");
     }
   }
-  parse_activation_checkpointing(top);
+  parse_activation_checkpointing(top, c);
   top.accept({"zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "dump_state",
               "memory_breakdown", "dataloader_drop_last", "timers", "data_types",
               "seq_parallel_communication_data_type", "use_data_before_expert_parallelism",
@@ -688,8 +687,13 @@ void parse_zinf(JsonBlock& top, RunConfig& c) {
   z.threads = static_cast<int>(b->integer("threads", 0, 0, 4096));
   static const std::vector<std::string_view> kBackends = {"auto", "single", "gloo", "nccl"};
   z.comm_backend = kBackends[b->choice("comm_backend", kBackends, 0)];
+  if (b->has("activation_offload")) {
+    static const std::vector<std::string_view> kTiers = {"none", "cpu", "nvme"};
+    z.activation_offload =
+        static_cast<zero::OffloadTarget>(b->choice("activation_offload", kTiers, 0));
+  }
   b->finish({"accelerator", "comm_timeout_s", "io_timeout_s", "nvme_paths", "swap_checksums",
-             "pinned_memory_limit", "threads", "comm_backend"});
+             "pinned_memory_limit", "threads", "comm_backend", "activation_offload"});
 
   c.zero.swap_checksums = z.swap_checksums;
   c.zero.pinned_memory_limit = z.pinned_memory_limit_bytes;
@@ -770,6 +774,33 @@ void check_offload(ParseContext& ctx, RunConfig& c) {
   add(z.offload_param, c.zero_extra.param_nvme_path, "offload_param");
   add(z.offload_optimizer, c.zero_extra.optimizer_nvme_path, "offload_optimizer");
   c.zero.nvme_paths = std::move(paths);
+  // Activation offload: zinf.activation_offload, else DeepSpeed's cpu_checkpointing. On NVMe
+  // the saved inputs go to zinf.nvme_paths, else to the parameters' folder, else the
+  // optimizer's.
+  const zero::OffloadTarget from_deepspeed =
+      c.zinf.cpu_checkpointing ? zero::OffloadTarget::kCpu : zero::OffloadTarget::kNone;
+  c.zero.activation_offload = c.zinf.activation_offload.value_or(from_deepspeed);
+  if (c.zinf.activation_offload && c.zinf.cpu_checkpointing &&
+      *c.zinf.activation_offload != zero::OffloadTarget::kCpu) {
+    ctx.warn("activation_checkpointing.cpu_checkpointing",
+             fmt::format("zinf.activation_offload \"{}\" decides where the saved layer inputs go",
+                         device_name(*c.zinf.activation_offload)));
+  }
+  if (c.zero.activation_offload == zero::OffloadTarget::kNvme && c.zinf.nvme_paths.empty()) {
+    const std::string& folder = !c.zero_extra.param_nvme_path.empty()
+                                    ? c.zero_extra.param_nvme_path
+                                    : c.zero_extra.optimizer_nvme_path;
+    if (folder.empty()) {
+      ctx.fail("zinf.activation_offload",
+               "\"nvme\" needs a swap folder: set zero_optimization.offload_param.nvme_path "
+               "(or offload_optimizer.nvme_path, or zinf.nvme_paths)");
+    }
+    c.zero.activation_nvme_path = folder;
+    if (std::find(c.zero.nvme_paths.begin(), c.zero.nvme_paths.end(), folder) ==
+        c.zero.nvme_paths.end()) {
+      c.zero.nvme_paths.push_back(folder);
+    }
+  }
   // Without zinf.nvme_paths each tier keeps to its own folder (DeepSpeed's meaning).
   if (c.zinf.nvme_paths.empty()) {
     if (z.offload_param == zero::OffloadTarget::kNvme) {
@@ -815,7 +846,7 @@ RunConfig parse_config_json(const nlohmann::json& root, const std::string& sourc
   parse_monitors(top, c);
   parse_checkpoint(top, c);
   parse_zinf(top, c);
-  parse_unsupported_features(top);
+  parse_unsupported_features(top, c);
   top.finish({"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
               "optimizer", "scheduler", "fp16", "bf16", "gradient_clipping", "steps_per_print",
               "wall_clock_breakdown", "zero_optimization", "aio", "csv_monitor", "checkpoint",

@@ -200,6 +200,10 @@ struct ZinfConfig {
   std::optional<uint64_t> pinned_memory_limit_bytes;
   int threads = 0;                    // compute threads per rank; 0: the engine's default
   std::string comm_backend = "auto";  // zinf.comm_backend: auto, single, gloo, nccl
+  // zinf.activation_offload: "none", "cpu", "nvme" (zero::ZeroConfig::activation_offload);
+  // unset: DeepSpeed's activation_checkpointing.cpu_checkpointing decides (true: "cpu").
+  std::optional<zero::OffloadTarget> activation_offload;
+  bool cpu_checkpointing = false;  // activation_checkpointing.cpu_checkpointing
 };
 
 // ---- the whole config -------------------------------------------------------------------------

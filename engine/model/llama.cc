@@ -235,14 +235,17 @@ std::vector<LlamaParameterShape> llama_parameter_shapes(const LlamaConfig& c) {
   return out;
 }
 
-uint64_t llama_activation_bytes(const LlamaConfig& c, int64_t batch, int64_t seq,
-                                int64_t element_bytes) {
+ActivationEstimate llama_activations(const LlamaConfig& c, int64_t batch, int64_t seq,
+                                     int64_t element_bytes) {
   const auto tokens = static_cast<uint64_t>(batch * seq);
   const auto e = static_cast<uint64_t>(element_bytes);
   const auto h = static_cast<uint64_t>(c.hidden_size);
   const auto inter = static_cast<uint64_t>(c.intermediate_size);
-  // Saved block inputs, one per layer, plus the residual stream in and out of the stack.
-  const uint64_t saved = (static_cast<uint64_t>(c.num_layers) + 2) * tokens * h * e;
+  // Saved block inputs, one per layer; the residual stream in and out of the stack.
+  ActivationEstimate a;
+  a.saved_input_bytes = tokens * h * e;
+  a.saved_inputs = static_cast<uint64_t>(c.num_layers);
+  const uint64_t stream = 2 * tokens * h * e;
   // One layer recomputed with grad: norms, q/k/v/o and rotary copies (~8 h), the MLP's
   // gate/up/silu/product (4 inter), scores and probabilities in fp32 and the dtype; their
   // gradients about as much again.
@@ -263,7 +266,8 @@ uint64_t llama_activation_bytes(const LlamaConfig& c, int64_t batch, int64_t seq
   const uint64_t logits = tokens * vocab * 4 <= full_logits_limit()
                               ? 3 * tokens * vocab * 4
                               : 2 * kLogitsChunkBytes + vocab * h * 4;
-  return saved + layer + logits;
+  a.working_bytes = stream + layer + logits;
+  return a;
 }
 
 // ---- modules -------------------------------------------------------------------------------

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/memory_plan.h"
 #include "zero/zero_block.h"
 
 namespace zinf::engine {
@@ -142,12 +143,13 @@ struct LlamaParameterShape {
 // In the order LlamaModel registers them; a tied head is not listed again.
 [[nodiscard]] std::vector<LlamaParameterShape> llama_parameter_shapes(const LlamaConfig& config);
 
-// Activation bytes of one micro-batch of `batch` x `seq` tokens with `element_bytes`-byte
-// activations under ZeroBlock recomputation: every layer's saved input, one layer's forward
-// and backward intermediates (attention scores in fp32 included), and the fp32 logits with
-// their gradient. An estimate for the memory plan, not a bound.
-[[nodiscard]] uint64_t llama_activation_bytes(const LlamaConfig& config, int64_t batch, int64_t seq,
-                                              int64_t element_bytes);
+// Activations of one micro-batch of `batch` x `seq` tokens with `element_bytes`-byte
+// activations under ZeroBlock recomputation: every layer's saved input, and the working set —
+// the residual stream into and out of the stack, one layer's forward and backward
+// intermediates (attention scores in fp32 included), and the fp32 logits with their
+// gradient. An estimate for the memory plan, not a bound.
+[[nodiscard]] ActivationEstimate llama_activations(const LlamaConfig& config, int64_t batch,
+                                                   int64_t seq, int64_t element_bytes);
 
 // y = x / rms(x) * weight, computed in fp32.
 struct RmsNormImpl : torch::nn::Module {
