@@ -543,17 +543,48 @@ TEST(ParseConfigTest, ActivationCheckpointingWarnsOnlyForSwitchesZinfDoesNotHono
       "number_checkpoints": null, "synchronize_checkpoint_boundary": false,
       "profile": false}})");
   EXPECT_TRUE(quiet.warnings.empty()) << quiet.warnings.front();
-  RunConfig c = parse(R"({"activation_checkpointing": {"cpu_checkpointing": true,
+  EXPECT_EQ(quiet.zero.activation_offload, OffloadTarget::kNone);
+  RunConfig c = parse(R"({"activation_checkpointing": {"partition_activations": true,
       "number_checkpoints": 24, "contiguous_memory_optimization": true, "profle": true}})");
   EXPECT_EQ(c.warnings.size(), 3u);
-  EXPECT_TRUE(
-      has_warning(c, {"activation_checkpointing.cpu_checkpointing", "not built yet", "ZeroBlock"}));
+  EXPECT_TRUE(has_warning(c, {"activation_checkpointing.partition_activations", "ZeroBlock"}));
   EXPECT_TRUE(has_warning(c, {"activation_checkpointing.contiguous_memory_optimization"}));
   EXPECT_TRUE(has_warning(c, {"activation_checkpointing.profle", "did you mean \"profile\""}));
   expect_error(parse_error(R"({"activation_checkpointing": {"cpu_checkpointing": "yes"}})"),
                "activation_checkpointing.cpu_checkpointing", {"\"yes\""});
   expect_error(parse_error(R"({"activation_checkpointing": {"number_checkpoints": -1}})"),
                "activation_checkpointing.number_checkpoints", {"-1"});
+}
+
+// Where the layers' saved inputs wait for the backward: zinf.activation_offload, else
+// DeepSpeed's cpu_checkpointing (pinned CPU memory); on NVMe in a swap folder of the config.
+TEST(ParseConfigTest, ActivationOffloadFromZinfOrFromCpuCheckpointing) {
+  RunConfig ds = parse(R"({"activation_checkpointing": {"cpu_checkpointing": true}})");
+  EXPECT_EQ(ds.zero.activation_offload, OffloadTarget::kCpu);
+  EXPECT_TRUE(ds.warnings.empty()) << ds.warnings.front();
+  EXPECT_EQ(parse(R"({"zinf": {"activation_offload": "cpu"}})").zero.activation_offload,
+            OffloadTarget::kCpu);
+  RunConfig both = parse(R"({"activation_checkpointing": {"cpu_checkpointing": true},
+      "zinf": {"activation_offload": "none"}})");
+  EXPECT_EQ(both.zero.activation_offload, OffloadTarget::kNone);
+  EXPECT_TRUE(has_warning(both, {"activation_checkpointing.cpu_checkpointing",
+                                 "zinf.activation_offload \"none\" decides"}));
+
+  RunConfig nvme = parse(R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu",
+      "nvme_path": "/mnt/p"}, "offload_optimizer": {"device": "nvme", "nvme_path": "/mnt/o"}},
+      "zinf": {"activation_offload": "nvme"}})");
+  EXPECT_EQ(nvme.zero.activation_offload, OffloadTarget::kNvme);
+  EXPECT_EQ(nvme.zero.activation_nvme_path, "/mnt/p");
+  EXPECT_EQ(nvme.zero.optimizer_nvme_path, "/mnt/o");
+  RunConfig striped = parse(R"({"zinf": {"activation_offload": "nvme",
+      "nvme_paths": ["/mnt/a", "/mnt/b"]}})");
+  EXPECT_EQ(striped.zero.activation_nvme_path, "");
+  EXPECT_EQ(striped.zero.nvme_paths, (std::vector<std::string>{"/mnt/a", "/mnt/b"}));
+
+  expect_error(parse_error(R"({"zinf": {"activation_offload": "nvme"}})"),
+               "zinf.activation_offload", {"needs a swap folder", "offload_param.nvme_path"});
+  expect_error(parse_error(R"({"zinf": {"activation_offload": "disk"}})"),
+               "zinf.activation_offload", {"\"disk\"", "nvme"});
 }
 
 TEST(ParseConfigTest, DeprecatedCpuOffloadFlags) {
