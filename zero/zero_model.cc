@@ -331,6 +331,7 @@ void ZeroModel::partition(const Initializer& initializer) {
       reducer_->set_contributions(static_cast<size_t>(p.layout_index), contributions);
     }
     if (p.outside_use) {
+      outside_params_.push_back(i);
       p.var.register_hook([this, i](const torch::Tensor& grad) {
         if (in_micro_batch_) {
           outside_grad_seen_[i] = true;
@@ -415,6 +416,15 @@ void ZeroModel::enter_block(size_t block) {
   }
   if (coordinator_) {
     coordinator_->enter(block);
+  }
+  // In a backward, the parameters used outside blocks whose gradient the hook has handed to
+  // the reducer already (an untied output head's, before the first block's backward) need no
+  // `.grad`, where autograd put it after the hook: dropping it here frees that tensor (a
+  // [vocab, hidden] one for a head) for the rest of the backward, not at end_micro_batch().
+  for (size_t i : outside_params_) {
+    if (outside_grad_seen_[i] && params_[i].var.grad().defined()) {
+      params_[i].var.mutable_grad().reset();
+    }
   }
 }
 

@@ -209,6 +209,7 @@ class ZeroModel {
   bool in_micro_batch_ = false;
   bool in_eval_ = false;
   std::vector<bool> outside_grad_seen_;  // this micro-batch, per params_ index
+  std::vector<size_t> outside_params_;   // trainable params_ used outside blocks
   double allgather_seconds_ = 0.0;
 };
 

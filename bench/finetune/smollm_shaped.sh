@@ -2,8 +2,9 @@
 # Fine-tunes a SmolLM-135M-shaped model (scripts/make-model-with-tokenizer.py --shape
 # smollm-135m: its shape, random weights, a BPE tokenizer trained on the text) on text tokenized by
 # scripts/tokenize-text.py with that tokenizer, at sequence length 2048, ZeRO stage 3 with
-# parameters and optimizer states on NVMe, with held-out evaluation: the run issue 22 asks
-# for, on the machine at hand. Needs .venv/ (scripts/install-venv.sh) and build/tools/zinf.
+# parameters, optimizer states and the layers' saved inputs (zinf.activation_offload; set
+# ACTIVATION_OFFLOAD=none, cpu or nvme, default nvme) on NVMe, with held-out evaluation: the run
+# issue 22 asks for, on the machine at hand. Needs .venv/ (scripts/install-venv.sh) and build/tools/zinf.
 #
 #   bench/finetune/smollm_shaped.sh [WORK_DIR] [STEPS] [-- extra zinf train arguments]
 # WORK_DIR (default /var/tmp/zinf-smollm) receives the model folder, the token files, the
@@ -12,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 work=${1:-/var/tmp/zinf-smollm}
 steps=${2:-10}
+activation_offload=${ACTIVATION_OFFLOAD:-nvme}
 shift $(($# > 2 ? 2 : $#))
 [[ ${1:-} == -- ]] && shift
 # The fortunes files (no .dat indexes, no .u8 links) that are UTF-8 text.
@@ -51,7 +53,8 @@ cat > "$work/ds_config.json" <<JSON
     "sub_group_size": 1e7
   },
   "csv_monitor": {"enabled": true, "output_path": "$work/csv", "job_name": "smollm"},
-  "steps_per_print": 1
+  "steps_per_print": 1,
+  "zinf": {"activation_offload": "$activation_offload"}
 }
 JSON
 exec build/tools/zinf train --config "$work/ds_config.json" --init-from "$work/smollm-135m-shaped" \

@@ -148,6 +148,35 @@ TEST(ZeroModelParity, GradientAccumulationMatchesOneLargeBatch) {
   check_parity(c, dir.path());
 }
 
+// A parameter used outside every block reaches the reducer through its hook; autograd then
+// puts the same gradient in `.grad`, which the blocks' backward would hold to the end. It is
+// dropped as the backward enters the next block: the head's is gone by the time the input
+// projection's gradient (the backward's last) arrives. (The parity tests show training is
+// unchanged.)
+TEST(ZeroModel, AnOutsideParamsGradIsDroppedOnceTheReducerHasIt) {
+  for (int stage : {0, 3}) {
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    ZeroConfig config;
+    config.stage = stage;
+    OneRank r(NetShape{}, 3, config);
+    int checks = 0;
+    bool head_grad_held = false;
+    r.net->embed->weight.register_hook([&](const torch::Tensor&) {
+      ++checks;
+      head_grad_held = head_grad_held || r.net->head->weight.grad().defined();
+    });
+    for (int step = 0; step < 2; ++step) {
+      const testing::Batch b = testing::make_batch(NetShape{}, 8, 3, step);
+      r.model.begin_micro_batch(0);
+      torch::mse_loss(r.net->forward(b.x), b.y).backward();
+      r.model.end_micro_batch();
+      (void)r.model.step(step + 1, 1.0);
+    }
+    EXPECT_EQ(checks, 2);
+    EXPECT_FALSE(head_grad_held);
+  }
+}
+
 // zinf.activation_offload changes only where the blocks' saved inputs wait for the backward:
 // losses and fp32 master params equal bit for bit those of the run that keeps them on the
 // device, at stages 1 and 3, with accumulated micro-batches; every input saved comes back.
