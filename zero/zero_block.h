@@ -7,9 +7,12 @@
 // autograd function:
 //   forward   the ZeroModel enters the block (stage 3: its parameters are gathered), the
 //             module runs without building a graph, the block is left (stage 3: parameters
-//             released unless kept for reuse); only the input is saved.
+//             released unless kept for reuse); only the input is saved — on the device, or
+//             moved to pinned memory or NVMe by the model's ActivationOffload
+//             (zero/activation_offload.h) when zinf.activation_offload asks for it; nothing
+//             is kept when no backward will come (grad mode off).
 //   backward  the block is entered again, the forward is recomputed with grad from the saved
-//             input (with the random-number state it first ran with), autograd gives the
+//             input (brought back first when it was offloaded) (with the random-number state it first ran with), autograd gives the
 //             input's and the parameters' gradients, the block is left (its parameters are
 //             needed no more, so the next block's fetch can start) and the parameter
 //             gradients go to the ZeroModel's reducer at once.
