@@ -164,7 +164,6 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, EngineOptions options,
   }
   device_ = zero::compute_device(*accelerator_);
   track_compute_memory();
-  reset_compute_peak(device_);
   // Every pinned buffer made from here on (pools, staging, aio's bounce buffers) is registered
   // with the device, so its copies run at pinned speed (cudaHostRegister on a GPU).
   aio::set_pin_hooks(accelerator_->pin_hooks());
@@ -191,6 +190,9 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, EngineOptions options,
   if (options_.zero.precision == zero::Precision::kFloat16) {
     scaler_ = zero::LossScaler(options_.zero.loss_scale);
   }
+  // The compute peak covers what the run computes, not the model's initial tensors, which
+  // partitioning has just replaced.
+  reset_compute_peak(device_);
 }
 
 Engine::~Engine() = default;

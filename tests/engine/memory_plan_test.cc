@@ -201,7 +201,7 @@ TEST(MemoryPlan, TwoRanksMeasuredPeaksStayWithinThePlanAtStage3) {
 TEST(MemoryPlan, ActivationOffloadKeepsWhatThePlanCounts) {
   ::zinf::testing::TempDir dir;
   LlamaConfig c = *named_llama("tiny", 64);
-  c.num_layers = 6;
+  c.num_layers = 12;
   constexpr int64_t kBatch = 2, kSeq = 64;
   std::map<zero::OffloadTarget, uint64_t> compute_peak;
   for (zero::OffloadTarget tier :
@@ -230,16 +230,17 @@ TEST(MemoryPlan, ActivationOffloadKeepsWhatThePlanCounts) {
     const MemoryReport r = engine.memory_report();
     EXPECT_EQ(r.activations.pinned_bytes, r.plan.pinned_activations) << r.table();
     EXPECT_EQ(r.activations.nvme_bytes, r.plan.nvme_activations) << r.table();
-    EXPECT_EQ(r.activations.saved, tier == zero::OffloadTarget::kNone ? 0u : 12u);
+    EXPECT_EQ(r.activations.saved, tier == zero::OffloadTarget::kNone ? 0u : 24u);
     EXPECT_LE(r.pinned, r.plan.pinned) << r.table();
     EXPECT_LE(r.nvme, r.plan.nvme) << r.table();
     ASSERT_TRUE(r.compute.measured);
     EXPECT_LE(r.compute.peak_bytes, r.plan.device_activations) << r.table();
     compute_peak[tier] = r.compute.peak_bytes;
   }
-  // Six saved inputs of 2 x 64 x hidden fp32 left the device: without them the peak falls by
-  // more than four of them (one comes back for its backward at a time; measured: 4.55).
-  const uint64_t saved = 4 * kBatch * kSeq * static_cast<uint64_t>(c.hidden_size) * 4;
+  // Twelve saved inputs of 2 x 64 x hidden fp32 left the device and one at a time comes back
+  // for its backward: the peak falls by eleven of them (measured on LibTorch 1.13 and 2.11),
+  // at least ten here.
+  const uint64_t saved = 10 * kBatch * kSeq * static_cast<uint64_t>(c.hidden_size) * 4;
   EXPECT_LE(compute_peak[zero::OffloadTarget::kCpu] + saved,
             compute_peak[zero::OffloadTarget::kNone]);
   EXPECT_LE(compute_peak[zero::OffloadTarget::kNvme] + saved,

@@ -76,7 +76,7 @@ TEST(CliTrain, ShortBareRunBeatsUnigramEntropyPrintsSummaryWritesPngAndRemovesSw
   EXPECT_TRUE(contains(run.out, "step 40/40  loss ")) << run.out;
   EXPECT_TRUE(contains(run.out, "== zinf train: 40 steps of small")) << run.out;
   EXPECT_TRUE(std::regex_search(run.out, std::regex("throughput  [0-9.]+ tokens/s"))) << run.out;
-  for (const char* tier : {"device", "pinned", "host", "nvme", "peak RSS"}) {
+  for (const char* tier : {"device", "compute", "pinned", "host", "nvme", "peak RSS"}) {
     EXPECT_TRUE(std::regex_search(run.out, std::regex(std::string("\n") + tier + " +[0-9]")))
         << tier << "\n"
         << run.out;
@@ -113,6 +113,30 @@ TEST(CliTrain, ExampleConfigsRunAFewSteps) {
     EXPECT_TRUE(contains(run.out, "== zinf train: 2 steps of tiny")) << run.out;
     EXPECT_TRUE(fs::is_empty(swap.path())) << "swap files left behind";
   }
+}
+
+// zinf.activation_offload "nvme" through the CLI: the plan names the offloaded activations,
+// the summary says how many layer inputs went to NVMe and came back, and the swap folder
+// (activation.swp included) is emptied at the end.
+TEST(CliTrain, ActivationOffloadToNvmeIsPlannedReportedAndCleanedUp) {
+  TempDir swap, dir;
+  ASSERT_TRUE(swap.ok() && dir.ok());
+  const std::string config = write_file(dir.path(), "ds.json", R"({
+      "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+      "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+      "zinf": {"activation_offload": "nvme"}})");
+  ZinfRun run = run_zinf({"train", "--config", config, "--model", "tiny", "--steps", "3",
+                          "--threads", "2", "--nvme-path", swap.path(), "--plot", ""},
+                         {}, SIGINT, 300);
+  ASSERT_FALSE(run.timed_out) << run.out << run.err;
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  EXPECT_TRUE(std::regex_search(run.out, std::regex("nvme +[0-9.]+ [KM]iB +\\(swap files; "
+                                                    "offloaded activations [0-9.]+ KiB\\)")))
+      << run.out;
+  // tiny: 2 layers x 2 micro-batches x 3 steps.
+  EXPECT_TRUE(contains(run.out, "activations 12 block inputs offloaded to nvme")) << run.out;
+  EXPECT_TRUE(contains(run.out, "12 back (6 read ahead)")) << run.out;
+  EXPECT_TRUE(fs::is_empty(swap.path())) << "swap files left behind";
 }
 
 // zero3_nvme.json fixes train_batch_size 8 and micro 2: one flag keeps the global batch and

@@ -135,8 +135,8 @@ TEST_P(ActivationOffloadTest, ATokenDroppedWithoutItsBackwardFreesTheCopy) {
 
 INSTANTIATE_TEST_SUITE_P(Tiers, ActivationOffloadTest,
                          ::testing::Values(OffloadTarget::kCpu, OffloadTarget::kNvme),
-                         [](const ::testing::TestParamInfo<OffloadTarget>& info) {
-                           return std::string(info.param == OffloadTarget::kCpu ? "Cpu" : "Nvme");
+                         [](const ::testing::TestParamInfo<OffloadTarget>& tier) {
+                           return std::string(tier.param == OffloadTarget::kCpu ? "Cpu" : "Nvme");
                          });
 
 class ActivationOffloadFaultTest : public ActivationOffloadTest {};

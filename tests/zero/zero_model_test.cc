@@ -212,7 +212,9 @@ TEST(ZeroModel, ActivationOffloadGivesBitIdenticalTraining) {
       EXPECT_EQ(losses, base_losses);
       ASSERT_EQ(master.size(), base_master.size());
       for (size_t i = 0; i < master.size(); ++i) {
-        if (master[i].defined()) EXPECT_TRUE(torch::equal(master[i], base_master[i])) << i;
+        if (master[i].defined()) {
+          EXPECT_TRUE(torch::equal(master[i], base_master[i])) << i;
+        }
       }
       const uint64_t saves = r.model.block_count() * 6;  // blocks x micro-batches x steps
       EXPECT_EQ(a.saved, saves);
