@@ -18,11 +18,13 @@
 #        offload, against plain LibTorch);
 #     3. `zinf train`, stage 3, model `small` under a memory budget a third of its model
 #        states: the same 20 steps on "cpu" and "cuda" with params and optimizer on NVMe
-#        (losses compared step by step, 1e-4 relative), then on "cuda" with CPU offload and
-#        with none. Prints each run's tokens/s, planned and measured device peak, the device
+#        (losses compared step by step, 1e-4 relative), on "cuda" with the layers' saved
+#        inputs on NVMe too (zinf.activation_offload; losses compared with the run without),
+#        then on "cuda" with CPU offload and with none. Prints each run's tokens/s, planned and measured device peak, the device
 #        runtime's allocations per step after the first, and the time blocked per tier.
 #   It ends with one line per check, PASS or FAIL, and exits 1 if any failed.
-#   scripts/gpu-check.sh config ACCELERATOR OFFLOAD NVME_DIR CSV_DIR prints a run's config.
+#   scripts/gpu-check.sh config ACCELERATOR OFFLOAD NVME_DIR CSV_DIR [ACTIVATIONS] prints a run's
+#   config.
 #
 # ZINF_GPU_MODEL (small: 3.3 M parameters, 50 MiB of model states), ZINF_GPU_STEPS (20) and
 # ZINF_GPU_BUDGET (17MiB: what the NVMe runs need at 1 sample x 64 tokens a micro-batch, so
@@ -107,8 +109,8 @@ gtest() {  # gtest NAME LIMIT_S BINARY ARGS...
   fi
 }
 
-train_config() {  # train_config ACCELERATOR OFFLOAD(nvme|cpu|none) NVME_DIR CSV_DIR
-  local accel=$1 offload=$2 nvme=$3 csv=$4 param optim
+train_config() {  # train_config ACCELERATOR OFFLOAD(nvme|cpu|none) NVME_DIR CSV_DIR [ACTIVATIONS]
+  local accel=$1 offload=$2 nvme=$3 csv=$4 activations=${5:-none} param optim
   case $offload in
     # buffer_size: DeepSpeed's default (1e8 elements) would pin 1.6 GB for a 3.3 M model.
     nvme) param="{\"device\": \"nvme\", \"nvme_path\": \"$nvme\", \"max_in_cpu\": 0, \"buffer_count\": 4, \"buffer_size\": 1000000}"
@@ -128,16 +130,16 @@ train_config() {  # train_config ACCELERATOR OFFLOAD(nvme|cpu|none) NVME_DIR CSV
                         "stage3_param_persistence_threshold": "auto"},
   "steps_per_print": 1,
   "csv_monitor": {"enabled": true, "output_path": "$csv", "job_name": "run"},
-  "zinf": {"accelerator": {"type": "$accel"}}
+  "zinf": {"accelerator": {"type": "$accel"}, "activation_offload": "$activations"}
 }
 EOF
 }
 
-train() {  # train NAME ACCELERATOR OFFLOAD BUDGET
-  local name=$1 accel=$2 offload=$3 budget=$4
+train() {  # train NAME ACCELERATOR OFFLOAD BUDGET [ACTIVATIONS]
+  local name=$1 accel=$2 offload=$3 budget=$4 activations=${5:-none}
   local dir="$work/$name" t0=$SECONDS
   mkdir -p "$dir/nvme" "$dir/csv"
-  train_config "$accel" "$offload" "$dir/nvme" "$dir/csv" >"$dir/ds_config.json"
+  train_config "$accel" "$offload" "$dir/nvme" "$dir/csv" "$activations" >"$dir/ds_config.json"
   echo "---- train $name: zinf train --config $dir/ds_config.json --model $model --steps $steps --memory-budget $budget"
   timeout 240 "$bundle/bin/zinf" train --config "$dir/ds_config.json" --model "$model" \
     --steps "$steps" --memory-budget "$budget" --data "$bundle/data/corpus.txt" --plot "" \
@@ -209,6 +211,9 @@ run() {
   train cpu-nvme cpu nvme "$budget"
   train cuda-nvme cuda nvme "$budget"
   compare_losses cpu-nvme cuda-nvme
+  # The layers' saved inputs to NVMe and back (zinf.activation_offload): the same losses.
+  train cuda-nvme-activations cuda nvme "$budget" nvme
+  compare_losses cuda-nvme cuda-nvme-activations
   train cuda-cpu-offload cuda cpu 1GiB
   train cuda-no-offload cuda none 1GiB
 
