@@ -8,8 +8,8 @@
 // c10's CPU allocator: track_compute_memory() puts a counting allocator in front of it once
 // per process, so every CPU tensor LibTorch allocates afterwards is counted while it lives
 // (tensors made before are not). On CUDA, LibTorch's caching allocator keeps the figures
-// itself; they are read where the LibTorch has the interface (torch 2.9 and later), and
-// reported as not measured otherwise.
+// itself; they are read where LibTorch has c10/core/CachingDeviceAllocator.h (torch 2.11 has
+// it, 1.13 has not), and reported as not measured otherwise.
 //
 // Thread safety: every function may be called from any thread.
 #pragma once
