@@ -41,6 +41,7 @@ struct ActivationOffload::State {
     offload::ExtentId extent = 0;  // nvme
     bool writing = false;          // nvme: its write is queued and not waited for
     bool reading = false;          // nvme: its read is queued and not waited for
+    bool loaded = false;           // nvme: its read is done: `slot` holds its bytes
   };
 
   OffloadTarget tier = OffloadTarget::kCpu;
@@ -151,7 +152,12 @@ struct ActivationOffload::State {
       }
       throw;
     }
-    for (auto& [id, e] : entries) e.reading = false;
+    for (auto& [id, e] : entries) {
+      if (e.reading) {
+        e.reading = false;
+        e.loaded = true;
+      }
+    }
     stats.read_wait_seconds += seconds_since(start);
   }
 
@@ -295,7 +301,7 @@ at::Tensor ActivationOffload::restore(const at::Tensor& token) {
   State::Entry& e = it->second;
   if (s.tier == OffloadTarget::kNvme) {
     s.wait_writes();  // the backward starts: the last inputs' writes must be done
-    if (e.reading) {
+    if (e.reading || e.loaded) {
       ++s.stats.prefetched;
     } else {
       e.slot = s.acquire_slot(e.bytes);
@@ -315,7 +321,7 @@ at::Tensor ActivationOffload::restore(const at::Tensor& token) {
     if (prev != s.entries.begin()) {
       --prev;
       State::Entry& p = prev->second;
-      if (!p.reading && !p.writing) {
+      if (!p.reading && !p.loaded && !p.writing) {
         p.slot = s.acquire_slot(p.bytes);
         s.reads->async_read(p.extent, s.slots[*p.slot].data());
         p.reading = true;
