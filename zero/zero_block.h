@@ -12,10 +12,11 @@
 //             (zero/activation_offload.h) when zinf.activation_offload asks for it; nothing
 //             is kept when no backward will come (grad mode off).
 //   backward  the block is entered again, the forward is recomputed with grad from the saved
-//             input (brought back first when it was offloaded) (with the random-number state it first ran with), autograd gives the
-//             input's and the parameters' gradients, the block is left (its parameters are
-//             needed no more, so the next block's fetch can start) and the parameter
-//             gradients go to the ZeroModel's reducer at once.
+//             input (brought back first when it was offloaded) with the random-number state
+//             it first ran with, autograd gives the input's and the parameters' gradients,
+//             the block is left (its parameters are needed no more, so the next block's
+//             fetch can start) and the parameter gradients go to the ZeroModel's reducer at
+//             once.
 // Parameter gradients therefore never reach `.grad` of a block's parameters; the input's
 // gradient flows on to the previous block as usual.
 //
