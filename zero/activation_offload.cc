@@ -117,49 +117,35 @@ struct ActivationOffload::State {
     return id;
   }
 
-  // Waits for the queued writes; their staging buffers are free again.
-  void wait_writes() {
-    if (!writes || writes->pending() == 0) return;
+  // Waits for the transfers queued on `queue`, then settles every entry whose `in_flight`
+  // flag is set: a read that succeeded leaves the input's bytes in its buffer; a write (done
+  // or failed) and a failed read free the buffer.
+  void wait_for(offload::NvmeStore::Queue* queue, bool Entry::*in_flight, double& waited_seconds) {
+    if (queue == nullptr || queue->pending() == 0) return;
     const auto start = std::chrono::steady_clock::now();
     try {
-      writes->wait();
+      queue->wait();
     } catch (...) {
-      finish_writes();
+      settle(in_flight, /*ok=*/false);
       throw;
     }
-    finish_writes();
-    stats.write_wait_seconds += seconds_since(start);
+    settle(in_flight, /*ok=*/true);
+    waited_seconds += seconds_since(start);
   }
-  void finish_writes() {
+  void settle(bool Entry::*in_flight, bool ok) {
+    const bool read = in_flight == &Entry::reading;
     for (auto& [id, e] : entries) {
-      if (e.writing) {
-        e.writing = false;
+      if (!(e.*in_flight)) continue;
+      e.*in_flight = false;
+      if (read && ok) {
+        e.loaded = true;
+      } else {
         release_slot(e.slot);
       }
     }
   }
-  void wait_reads() {
-    if (!reads || reads->pending() == 0) return;
-    const auto start = std::chrono::steady_clock::now();
-    try {
-      reads->wait();
-    } catch (...) {
-      for (auto& [id, e] : entries) {
-        if (e.reading) {
-          e.reading = false;
-          release_slot(e.slot);
-        }
-      }
-      throw;
-    }
-    for (auto& [id, e] : entries) {
-      if (e.reading) {
-        e.reading = false;
-        e.loaded = true;
-      }
-    }
-    stats.read_wait_seconds += seconds_since(start);
-  }
+  void wait_writes() { wait_for(writes.get(), &Entry::writing, stats.write_wait_seconds); }
+  void wait_reads() { wait_for(reads.get(), &Entry::reading, stats.read_wait_seconds); }
 
   // Forgets entry `it`: its buffer and extent go back for reuse. No transfer of it may be in
   // flight.
