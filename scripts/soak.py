@@ -112,10 +112,39 @@ def parse_args(argv):
     return a
 
 
+_port_locks = []
+
+
 def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    # Below the ephemeral range, where no socket is given a port implicitly (a port 0 bound and
+    # released here could be handed to another program's connection before the store binds
+    # it), and reserved against other runs on this machine by an abstract Unix socket named after
+    # the port, bound until exit (no file to leave behind).
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = max(int(f.read().split()[0]), 12000)
+    except (OSError, ValueError, IndexError):
+        pass
+    start = os.getpid() % (low - 10000)
+    for i in range(low - 10000):
+        port = 10000 + (start + i) % (low - 10000)
+        lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            lock.bind(f"\0zinf-test-port-{port}")
+        except OSError:
+            lock.close()
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("", port))
+            except OSError:
+                lock.close()
+                continue
+        _port_locks.append(lock)
+        return port
+    sys.exit(f"soak: no free TCP port in [10000, {low})")
 
 
 def write_config(path, nvme, steps):

@@ -29,11 +29,14 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -54,27 +57,64 @@ inline constexpr const char* kChildRankVariable = "ZINF_TEST_CHILD_RANK";
 // Whether this process is a rank started by run_ranks.
 inline bool is_child_rank() { return std::getenv(kChildRankVariable) != nullptr; }
 
-// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then released).
+// A TCP port on 127.0.0.1 for a rendezvous store, free when chosen and reserved for this process.
+//
+// Binding port 0 and releasing it hands back an ephemeral port, and the kernel hands the same
+// ephemeral ports to every other socket that binds port 0 or connects: Gloo's pair listeners
+// in a test running beside this one took such a port between its release and the store's bind
+// ("Address already in use"). So the port is chosen below the ephemeral range
+// (/proc/sys/net/ipv4/ip_local_port_range), where nothing is handed out implicitly, and
+// reserved against the other tests of this machine by binding an abstract Unix socket named
+// after it ("@zinf-test-port-N": no file, released by the kernel when this process exits).
 inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    ADD_FAILURE() << "socket: " << std::strerror(errno);
-    return 0;
+  int ephemeral_low = 32768;
+  {
+    std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+    int low = 0;
+    if (range >> low && low > 12000) ephemeral_low = low;
   }
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    ADD_FAILURE() << "bind/getsockname on 127.0.0.1:0: " << std::strerror(errno);
-  } else {
-    port = ntohs(address.sin_port);
+  const int first = 10000;
+  const int span = ephemeral_low - first;
+  static int next = static_cast<int>((static_cast<unsigned>(::getpid()) * 2654435761u) % span);
+  for (int tries = 0; tries < span; ++tries) {
+    const int port = first + (next++ % span);
+    const int lock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (lock < 0) {
+      ADD_FAILURE() << "socket(AF_UNIX): " << std::strerror(errno);
+      return 0;
+    }
+    sockaddr_un name{};
+    name.sun_family = AF_UNIX;
+    const std::string tag = "zinf-test-port-" + std::to_string(port);
+    std::memcpy(name.sun_path + 1, tag.data(), tag.size());  // sun_path[0] == 0: abstract
+    const auto name_length =
+        static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + tag.size());
+    if (::bind(lock, reinterpret_cast<sockaddr*>(&name), name_length) != 0) {
+      ::close(lock);  // another test holds this port
+      continue;
+    }
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      ::close(lock);
+      ADD_FAILURE() << "socket: " << std::strerror(errno);
+      return 0;
+    }
+    const int one = 1;
+    (void)::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_ANY);
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+    ::close(fd);
+    if (!bound) {
+      ::close(lock);
+      continue;
+    }
+    return port;  // `lock` stays bound until the process exits
   }
-  ::close(fd);
-  return port;
+  ADD_FAILURE() << "no free TCP port in [" << first << ", " << ephemeral_low << ")";
+  return 0;
 }
 
 struct RanksOptions {
