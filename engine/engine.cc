@@ -85,7 +85,7 @@ std::vector<PlanParam> describe_parameters(torch::nn::Module& root) {
   std::vector<PlanParam> params;
   for (const auto& p : d.params) {
     params.push_back({static_cast<uint64_t>(p.tensor.numel()), p.tensor.requires_grad(),
-                      !p.blocks.empty(), p.outside_use});
+                      !p.blocks.empty(), p.outside_use, p.outside_names >= 2});
   }
   return params;
 }
@@ -301,7 +301,7 @@ void Engine::backward(const torch::Tensor& loss) {
   const auto start = Clock::now();
   loss_sum_ += loss.detach().to(at::kDouble).item<double>();
   const double factor = scaler_.scale() / gradient_accumulation_steps();
-  (loss * factor).backward();
+  model_->backward(loss * factor);
   model_->end_micro_batch();
   in_micro_batch_ = false;
   backward_seconds_ += seconds_since(start);

@@ -58,6 +58,9 @@ MemoryPlan plan_memory(const PlanInputs& in) {
       continue;
     }
     largest_trainable = std::max(largest_trainable, p.numel);
+    if (p.tied_outside) {
+      plan.pinned += round_page(p.numel * elem);  // TiedGradRouter's parked sum
+    }
     plan.model_numel += p.numel;
     const uint64_t slice = (p.numel + wl - 1) / wl;
     plan.partition_numel += slice;

@@ -21,8 +21,10 @@ namespace zinf::engine {
 struct PlanParam {
   uint64_t numel = 0;
   bool trainable = true;
-  bool in_block = false;     // used by some ZeroBlock
-  bool outside_use = false;  // used outside every block
+  bool in_block = false;      // used by some ZeroBlock
+  bool outside_use = false;   // used outside every block
+  bool tied_outside = false;  // two or more names outside the blocks: its gradient is parked
+                              // in pinned memory between uses (zero/tied_grads.h)
 };
 
 // What the model computes with, per micro-batch, besides zinf's own buffers: the inputs its

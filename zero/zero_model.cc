@@ -140,6 +140,7 @@ ModelDescription describe_model(torch::nn::Module& root) {
     }
     if (!inside) {
       d.params[i].outside_use = true;
+      ++d.params[i].outside_names;
     }
   }
   return d;
@@ -160,6 +161,7 @@ void ZeroModel::collect(torch::nn::Module& root) {
     p.var = described.tensor;
     p.blocks = std::move(described.blocks);
     p.outside_use = described.outside_use;
+    p.tied_outside = described.outside_names >= 2;
     for (size_t b : p.blocks) {
       blocks_[b].params.push_back(params_.size());
       blocks_[b].tensors.push_back(p.var);
@@ -324,6 +326,17 @@ void ZeroModel::partition(const Initializer& initializer) {
   reducer_ =
       std::make_unique<GradReducer>(*layout_, config_, comm_, dtype_, *optimizer_, accelerator_);
   outside_grad_seen_.assign(params_.size(), false);
+  std::vector<TiedGradRouter::Tied> tied;
+  for (size_t i : trainable_) {
+    if (params_[i].tied_outside) {
+      tied.push_back({i, params_[i].var, params_[i].numel * dtype_size(dtype_)});
+    }
+  }
+  tied_router_ = std::make_unique<TiedGradRouter>(std::move(tied),
+                                                  [this](size_t i, const torch::Tensor& grad) {
+                                                    outside_grad_seen_[i] = true;
+                                                    add_grad(i, grad);
+                                                  });
   for (size_t i : trainable_) {
     Param& p = params_[i];
     const int contributions = static_cast<int>(p.blocks.size()) + (p.outside_use ? 1 : 0);
@@ -333,10 +346,20 @@ void ZeroModel::partition(const Initializer& initializer) {
     if (p.outside_use) {
       outside_params_.push_back(i);
       p.var.register_hook([this, i](const torch::Tensor& grad) {
-        if (in_micro_batch_) {
-          outside_grad_seen_[i] = true;
-          add_grad(i, grad);
+        if (!in_micro_batch_) {
+          return;
         }
+        if (tied_router_->routed(i)) {
+          // Every use was taken before autograd's sum: nothing should arrive here.
+          if (grad.defined()) {
+            throw ZeroError(fmt::format(
+                "parameter \"{}\": a gradient reached it past the routes of its tied uses",
+                params_[i].name));
+          }
+          return;
+        }
+        outside_grad_seen_[i] = true;
+        add_grad(i, grad);
       });
     }
   }
@@ -366,10 +389,19 @@ void ZeroModel::begin_micro_batch(int micro_batch) {
   in_micro_batch_ = true;
 }
 
+void ZeroModel::backward(const torch::Tensor& root) {
+  if (!in_micro_batch_) {
+    throw ZeroError("backward() outside begin_micro_batch()/end_micro_batch()");
+  }
+  tied_router_->route(root);
+  root.backward();
+}
+
 void ZeroModel::end_micro_batch() {
   if (!in_micro_batch_) {
     throw ZeroError("end_micro_batch() without begin_micro_batch()");
   }
+  tied_router_->finish();
   // Parameters used outside blocks whose hook did not run (no gradient reached them): a
   // zero contribution keeps every rank's reductions in step.
   for (size_t i : trainable_) {
@@ -645,6 +677,8 @@ ZeroModelStats ZeroModel::stats() const {
   s.optimizer_swap = optimizer_->swapper().counters();
   s.pinned_bytes += optimizer_->pinned_bytes();
   s.pinned_bytes += reducer_->pinned_bytes();
+  s.pinned_bytes += tied_router_->pinned_bytes();
+  s.tied = tied_router_->stats();
   if (config_.offload_optimizer != OffloadTarget::kNvme) {
     s.host_bytes += layout_->partition_numel() * 4 * optimizer_->swapper().states_per_param();
   }

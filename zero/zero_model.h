@@ -49,6 +49,7 @@
 #include "zero/param_store.h"
 #include "zero/partition.h"
 #include "zero/partitioned_optimizer.h"
+#include "zero/tied_grads.h"
 #include "zero/zero_block.h"
 #include "zero/zero_config.h"
 
@@ -62,6 +63,7 @@ struct ModelDescription {
     torch::Tensor tensor;
     std::vector<size_t> blocks;  // indices into `blocks`
     bool outside_use = false;    // registered under a module outside every block
+    int outside_names = 0;       // of its names, those outside every block (2: tied)
   };
   std::vector<ZeroBlockImpl*> blocks;
   std::vector<std::string> block_paths;
@@ -82,6 +84,7 @@ struct ZeroModelStats {
   offload::NvmeStoreStats param_nvme;       // offload_param nvme: the swap files' I/O
   offload::AcceleratorMemoryStats device;
   ActivationOffloadStats activations;  // zinf.activation_offload cpu or nvme
+  TiedGradStats tied;                  // gradients of tied parameters parked between uses
   uint64_t resident_bytes = 0;         // device bytes of resident parameters
   uint64_t pinned_bytes = 0;           // pools and staging buffers
   uint64_t host_bytes = 0;             // CPU-tier slices and in-memory optimizer arrays
@@ -107,6 +110,7 @@ class ZeroModel {
     bool trainable = true;
     std::vector<size_t> blocks;     // blocks that use it
     bool outside_use = false;       // used by a module outside every block
+    bool tied_outside = false;      // two or more names outside the blocks (TiedGradRouter)
     long layout_index = -1;         // trainable: index in layout()
     long managed = -1;              // stage 3 managed: index in the param store
     torch::Tensor var;              // the model's parameter
@@ -126,6 +130,11 @@ class ZeroModel {
 
   // ---- training ------------------------------------------------------------------------
   void begin_micro_batch(int micro_batch);
+  // The backward of this micro-batch's loss `root` (already scaled). The uses of a tied
+  // parameter outside the blocks are routed first (TiedGradRouter), so that the output
+  // head's gradient leaves the device until the embedding's is added to it. A plain
+  // root.backward() computes the same gradients, holding that one on the device.
+  void backward(const torch::Tensor& root);
   void end_micro_batch();
   // The optimizer step after the last micro-batch; `step` counts applied steps from 1.
   // The gradients are divided by `loss_scale` inside the update.
@@ -205,6 +214,7 @@ class ZeroModel {
   std::unique_ptr<ParamCoordinator> coordinator_;
   std::unique_ptr<PartitionedOptimizer> optimizer_;
   std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<TiedGradRouter> tied_router_;
   std::unique_ptr<offload::Stream> copy_stream_;
   bool in_micro_batch_ = false;
   bool in_eval_ = false;
