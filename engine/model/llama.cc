@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "engine/model/attention.h"
+#include "engine/model/fused_ops.h"
 #include "engine/model/lm_loss.h"
 
 namespace zinf::engine {
@@ -33,14 +34,6 @@ uint64_t parameter_seed(uint64_t seed, const std::string& name) {
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// SiLU has no LibTorch 1.13 CPU kernel in fp16 either: portable_matmul's rule (attention.h).
-at::Tensor portable_silu(const at::Tensor& x) {
-  if (!fp16_on_cpu(x)) {
-    return at::silu(x);
-  }
-  return at::silu(x.to(at::kFloat)).to(at::kHalf);
 }
 
 at::Tensor rotate_half(const at::Tensor& x) {
@@ -276,11 +269,7 @@ RmsNormImpl::RmsNormImpl(int64_t dim, double eps_, at::ScalarType dtype) : eps(e
   weight = register_parameter("weight", at::empty({dim}, dtype));
 }
 
-torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
-  const at::Tensor xf = x.to(at::kFloat);
-  const at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return (normed * weight.to(at::kFloat)).to(x.scalar_type());
-}
+torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) { return rms_norm(x, weight, eps); }
 
 ProjectionImpl::ProjectionImpl(int64_t in, int64_t out, at::ScalarType dtype, bool with_bias) {
   weight = register_parameter("weight", at::empty({out, in}, dtype));
@@ -459,7 +448,7 @@ MlpImpl::MlpImpl(const LlamaConfig& c) {
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  return down_proj(portable_silu(gate_proj(x)) * up_proj(x));
+  return down_proj(swiglu(gate_proj(x), up_proj(x)));
 }
 
 // Registered in transformers' LlamaDecoderLayer order (attention, MLP, then the two norms):

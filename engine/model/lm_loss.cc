@@ -64,11 +64,14 @@ struct ChunkedLmLoss : public torch::autograd::Function<ChunkedLmLoss> {
     at::Tensor d_weight = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
     for (int64_t a = 0; a < tokens; a += rows) {
       const int64_t b = std::min(tokens, a + rows);
-      at::Tensor d_logits =
-          at::exp(chunk_logits(hidden, weight, a, b) - lse.narrow(0, a, b - a).unsqueeze(1));
+      // In place on the chunk's logits: one [rows, vocab] fp32 tensor at a time (written
+      // as expressions, the logits, their difference to the log-sum-exp, its exponential and
+      // the scaled result were four).
+      at::Tensor d_logits = chunk_logits(hidden, weight, a, b);
+      d_logits.sub_(lse.narrow(0, a, b - a).unsqueeze(1)).exp_();
       d_logits.scatter_add_(1, targets.narrow(0, a, b - a).unsqueeze(1),
                             at::full({b - a, 1}, -1.0, d_logits.options()));
-      const at::Tensor d_chunk = (d_logits * scale).to(dtype);
+      const at::Tensor d_chunk = d_logits.mul_(scale).to(dtype);
       d_hidden.narrow(0, a, b - a).copy_(portable_matmul(d_chunk, weight));
       if (dtype == at::kFloat) {
         d_weight.addmm_(d_chunk.t(), hidden.narrow(0, a, b - a));  // in place: no [vocab, dim]

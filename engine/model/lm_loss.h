@@ -7,8 +7,9 @@
 // chunk of rows it computes the chunk's logits, their log-sum-exp and the target's logit, and
 // drops them. The backward recomputes each chunk's logits and forms
 // d_logits = (softmax - one_hot(target)) / tokens, then d_hidden = d_logits @ weight and
-// d_weight += d_logits^T @ hidden (accumulated in fp32). Peak extra memory: one chunk's
-// logits in fp32 (about 32 MiB) and an fp32 accumulator the size of weight — where the plain
+// d_weight += d_logits^T @ hidden (accumulated in fp32), each chunk's d_logits formed in place
+// on its logits. Peak extra memory: one chunk's logits in fp32 (about 32 MiB) and an fp32
+// accumulator the size of weight — where the plain
 // loss holds the logits, their softmax and their gradient, three times tokens x vocab x 4 bytes
 // (2.4 GB for 4096 tokens of a 49152-token vocabulary).
 //
