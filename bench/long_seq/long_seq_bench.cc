@@ -175,8 +175,11 @@ double mib(uint64_t b) { return static_cast<double>(b) / (1 << 20); }
 // What the step added to the resident set (0 when the peak came before it).
 uint64_t growth(const Result& r) { return r.peak > r.before ? r.peak - r.before : 0; }
 
-double ratio(uint64_t a, uint64_t b) {
-  return static_cast<double>(a) / static_cast<double>(std::max<uint64_t>(1, b));
+// "0.46x"; "n/a" when the base is under 1 MiB (a step whose RSS did not grow past the RSS
+// before it has no meaningful growth to compare with).
+std::string ratio(uint64_t a, uint64_t b) {
+  if (b < (1u << 20)) return "n/a";
+  return fmt::format("{:.2f}x", static_cast<double>(a) / static_cast<double>(b));
 }
 
 }  // namespace
@@ -229,7 +232,7 @@ int main(int argc, char** argv) {
       const Result& r = results[x];
       const Result& b = results[base];
       fmt::print(
-          "{:>6} {}/{}: device peak {:.2f}x, peak RSS {:.2f}x, step growth {:.2f}x, time {:.2f}x, "
+          "{:>6} {}/{}: device peak {}, peak RSS {}, step growth {}, time {:.2f}x, "
           "loss difference {:.2e}\n",
           seq, x, base, ratio(r.device, b.device), ratio(r.peak, b.peak),
           ratio(growth(r), growth(b)), r.seconds / b.seconds, r.loss - b.loss);
