@@ -369,22 +369,30 @@ struct StateName {
   const char* name;
 };
 
-std::vector<StateName> optimizer_states(offload::OptimizerSwapper& sw, const std::string& type) {
+std::vector<StateName> optimizer_states(offload::OptimizerSwapper& sw,
+                                        const optimizer_cpu::StateArrays& names) {
   std::vector<StateName> out;
-  if (sw.has_state(OptimizerState::kExpAvg)) out.push_back({OptimizerState::kExpAvg, "exp_avg"});
+  if (sw.has_state(OptimizerState::kExpAvg)) {
+    out.push_back({OptimizerState::kExpAvg, names.exp_avg_name.data()});  // literals: terminated
+  }
   if (sw.has_state(OptimizerState::kExpAvgSq)) {
-    out.push_back({OptimizerState::kExpAvgSq, lower(type) == "adagrad" ? "sum" : "exp_avg_sq"});
+    out.push_back({OptimizerState::kExpAvgSq, names.exp_avg_sq_name.data()});
   }
   return out;
+}
+
+// "adam", "adamw", "adagrad", "lion": how checkpoints name the optimizer in zinf's own fields.
+std::string lower_name(optimizer_cpu::OptimizerKind kind) {
+  return lower(std::string(optimizer_cpu::to_string(kind)));
 }
 
 // What save and load both walk: the rank's partition, its arrays and units, and the
 // trainable parameters in layout order.
 struct PartitionView {
-  PartitionView(zero::ZeroModel& model, const std::string& optimizer_type)
+  PartitionView(zero::ZeroModel& model, const optimizer_cpu::StateArrays& state_names)
       : layout(model.layout()),
         swapper(model.optimizer().swapper()),
-        states(optimizer_states(swapper, optimizer_type)),
+        states(optimizer_states(swapper, state_names)),
         units(partition_units(layout, model.stage())),
         trainable(layout.param_count()) {
     for (const auto& p : model.params()) {
@@ -842,7 +850,7 @@ bool Engine::prepare_checkpoint(const std::string& dir, const std::string& tag_i
     throw EngineError("prepare_checkpoint() inside an optimizer step: call it at a step boundary");
   }
   prepared_save_.reset();  // an earlier one that no save took
-  const PartitionView view(*model_, options_.optimizer.type);
+  const PartitionView view(*model_, optimizer_->state_arrays());
   if (model_->stage() != 3 || view.swapper.config().device != offload::OffloadDevice::kNvme) {
     return false;
   }
@@ -1011,7 +1019,7 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
   const bool bf16 = options_.zero.precision == zero::Precision::kBFloat16;
   const at::ScalarType dtype = zero::detail::scalar_type(model_->compute_dtype());
   const auto& params = model_->params();
-  const PartitionView view(*model_, options_.optimizer.type);
+  const PartitionView view(*model_, optimizer_->state_arrays());
   const zero::PartitionLayout& layout = view.layout;
   offload::OptimizerSwapper& sw = view.swapper;
   const std::vector<StateName>& states = view.states;
@@ -1086,7 +1094,7 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
     b.put(z, "sub_group_size", b.integer(static_cast<int64_t>(options_.zero.sub_group_size)));
     b.put(c, "zero_optimization", z);
     PickleValue* o = b.dict();
-    b.put(o, "type", b.str(options_.optimizer.type));
+    b.put(o, "type", b.str(std::string(optimizer_cpu::to_string(options_.optimizer.type))));
     b.put(c, "optimizer", o);
     PickleValue* bf = b.dict();
     b.put(bf, "enabled", b.boolean(bf16));
@@ -1155,7 +1163,7 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
     b.put(group, "weight_decay", b.real(options_.optimizer.weight_decay));
     b.put(group, "bias_correction", b.boolean(options_.optimizer.bias_correction));
     b.put(group, "amsgrad", b.boolean(false));
-    b.put(group, "zinf_optimizer", b.str(lower(options_.optimizer.type)));
+    b.put(group, "zinf_optimizer", b.str(lower_name(options_.optimizer.type)));
     PickleValue* ids = b.list();
     for (size_t u = 0; u < units.size(); ++u)
       b.doc().append(ids, b.integer(static_cast<int64_t>(u)));
@@ -1289,7 +1297,7 @@ CheckpointReport Engine::save_checkpoint(const std::string& dir, const std::stri
     b.put(root_dict, "ds_version", b.str(kVersion));
     PickleValue* z = b.dict();
     b.put(z, "zero_stage", b.integer(stage));
-    b.put(z, "optimizer", b.str(lower(options_.optimizer.type)));
+    b.put(z, "optimizer", b.str(lower_name(options_.optimizer.type)));
     b.put(z, "precision",
           b.str(bf16                                                   ? "bf16"
                 : options_.zero.precision == zero::Precision::kFloat16 ? "fp16"
@@ -1445,7 +1453,7 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
   const int stage = model_->stage();
   const bool bf16 = options_.zero.precision == zero::Precision::kBFloat16;
   const auto& params = model_->params();
-  const PartitionView view(*model_, options_.optimizer.type);
+  const PartitionView view(*model_, optimizer_->state_arrays());
   const zero::PartitionLayout& layout = view.layout;
   offload::OptimizerSwapper& sw = view.swapper;
   const std::vector<StateName>& states = view.states;
@@ -1509,12 +1517,12 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
       throw EngineError(fmt::format(
           "{}: its ds_config names no optimizer (ds_config.optimizer.type): zinf cannot tell "
           "whether its states are this run's {}",
-          model_file, lower(options_.optimizer.type)));
+          model_file, lower_name(options_.optimizer.type)));
     }
-    if (lower(type->as_string()) != lower(options_.optimizer.type)) {
+    if (lower(type->as_string()) != lower_name(options_.optimizer.type)) {
       throw EngineError(fmt::format("{}: saved with optimizer {} (ds_config), this run uses {}",
                                     model_file, lower(type->as_string()),
-                                    lower(options_.optimizer.type)));
+                                    lower_name(options_.optimizer.type)));
     }
   } else {
     const int64_t saved_stage = z->at("zero_stage").as_int();
@@ -1523,9 +1531,9 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
                                     saved_stage, stage));
     }
     const std::string saved_optimizer = z->at("optimizer").as_string();
-    if (saved_optimizer != lower(options_.optimizer.type)) {
+    if (saved_optimizer != lower_name(options_.optimizer.type)) {
       throw EngineError(fmt::format("{}: saved with optimizer {}, this run uses {}", model_file,
-                                    saved_optimizer, lower(options_.optimizer.type)));
+                                    saved_optimizer, lower_name(options_.optimizer.type)));
     }
   }
   // The checkpoint's trainable parameters, matched to this run's by name: saved_index[p] is
@@ -1616,9 +1624,9 @@ CheckpointReport Engine::load_checkpoint(const std::string& dir, const std::stri
       inner->at(stage == 3 ? "optimizer_state_dict" : "base_optimizer_state");
   const PickleValue& groups = torch_state.at("param_groups");
   if (!deepspeed && (groups.size() < 1 || groups.items()[0]->at("zinf_optimizer").as_string() !=
-                                              lower(options_.optimizer.type))) {
+                                              lower_name(options_.optimizer.type))) {
     throw EngineError(fmt::format("{}: the optimizer state is not of this run's optimizer {}",
-                                  optim_file, lower(options_.optimizer.type)));
+                                  optim_file, lower_name(options_.optimizer.type)));
   }
   std::vector<std::vector<const ser::TensorRef*>> refs(1 + states.size());
   const char* flat_name = stage == 3 ? "fp32_flat_groups" : "single_partition_of_fp32_groups";

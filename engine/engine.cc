@@ -33,49 +33,43 @@ double seconds_since(Clock::time_point start) {
 }
 
 std::unique_ptr<optimizer_cpu::Optimizer> make_optimizer(const OptimizerSettings& s) {
-  std::string type = s.type;
-  std::transform(type.begin(), type.end(), type.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  using optimizer_cpu::OptimizerKind;
   try {
-    if (type == "adam" || type == "adamw") {
-      optimizer_cpu::AdamConfig c;
-      c.lr = static_cast<float>(s.lr);
-      c.beta1 = static_cast<float>(s.beta1);
-      c.beta2 = static_cast<float>(s.beta2);
-      c.eps = static_cast<float>(s.eps);
-      c.weight_decay = static_cast<float>(s.weight_decay);
-      c.bias_correction = s.bias_correction;
-      // DeepSpeed: "AdamW" always decouples the decay; "Adam" does when adam_w_mode.
-      c.adamw_mode = type == "adamw" || s.adam_w_mode;
-      return std::make_unique<optimizer_cpu::AdamOptimizer>(c);
-    }
-    if (type == "adagrad") {
-      optimizer_cpu::AdagradConfig c;
-      c.lr = static_cast<float>(s.lr);
-      c.eps = static_cast<float>(s.eps);
-      c.weight_decay = static_cast<float>(s.weight_decay);
-      return std::make_unique<optimizer_cpu::AdagradOptimizer>(c);
-    }
-    if (type == "lion") {
-      optimizer_cpu::LionConfig c;
-      c.lr = static_cast<float>(s.lr);
-      c.beta1 = static_cast<float>(s.beta1);
-      c.beta2 = static_cast<float>(s.beta2);
-      c.weight_decay = static_cast<float>(s.weight_decay);
-      return std::make_unique<optimizer_cpu::LionOptimizer>(c);
+    switch (s.type) {
+      case OptimizerKind::kAdam:
+      case OptimizerKind::kAdamW: {
+        optimizer_cpu::AdamConfig c;
+        c.lr = static_cast<float>(s.lr);
+        c.beta1 = static_cast<float>(s.beta1);
+        c.beta2 = static_cast<float>(s.beta2);
+        c.eps = static_cast<float>(s.eps);
+        c.weight_decay = static_cast<float>(s.weight_decay);
+        c.bias_correction = s.bias_correction;
+        // DeepSpeed: "AdamW" always decouples the decay; "Adam" does when adam_w_mode.
+        c.adamw_mode = s.type == OptimizerKind::kAdamW || s.adam_w_mode;
+        return std::make_unique<optimizer_cpu::AdamOptimizer>(c);
+      }
+      case OptimizerKind::kAdagrad: {
+        optimizer_cpu::AdagradConfig c;
+        c.lr = static_cast<float>(s.lr);
+        c.eps = static_cast<float>(s.eps);
+        c.weight_decay = static_cast<float>(s.weight_decay);
+        return std::make_unique<optimizer_cpu::AdagradOptimizer>(c);
+      }
+      case OptimizerKind::kLion: {
+        optimizer_cpu::LionConfig c;
+        c.lr = static_cast<float>(s.lr);
+        c.beta1 = static_cast<float>(s.beta1);
+        c.beta2 = static_cast<float>(s.beta2);
+        c.weight_decay = static_cast<float>(s.weight_decay);
+        return std::make_unique<optimizer_cpu::LionOptimizer>(c);
+      }
     }
   } catch (const std::invalid_argument& e) {
     throw EngineError(fmt::format("optimizer.params: {}", e.what()));
   }
-  throw EngineError(
-      fmt::format("optimizer.type \"{}\" is not one of Adam, AdamW, Adagrad, Lion", s.type));
-}
-
-size_t optimizer_states(const std::string& type) {
-  std::string t = type;
-  std::transform(t.begin(), t.end(), t.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return t == "adagrad" || t == "lion" ? 1 : 2;
+  throw EngineError(fmt::format("optimizer.type {} is not one of Adam, AdamW, Adagrad, Lion",
+                                static_cast<int>(s.type)));
 }
 
 }  // namespace
@@ -173,7 +167,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, EngineOptions options,
   in.params = describe_parameters(*module_);
   in.zero = options_.zero;
   in.world_size = comm_->world_size();
-  in.optimizer_states = optimizer_states(options_.optimizer.type);
+  in.optimizer_states = static_cast<size_t>(optimizer_->state_arrays().count());
   in.activations = options_.activations;
   in.host_reads_device_memory = accelerator_->host_reads_device_memory();
   plan_ = plan_memory(in);

@@ -83,7 +83,7 @@ void check_memory_plan(const MemoryPlan& plan, const PlanLimits& limits);
 [[nodiscard]] uint64_t host_memory_available_bytes();
 
 struct OptimizerSettings {
-  std::string type = "adamw";  // adam, adamw, adagrad, lion
+  optimizer_cpu::OptimizerKind type = optimizer_cpu::OptimizerKind::kAdamW;
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-8;

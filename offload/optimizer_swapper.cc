@@ -18,15 +18,11 @@ namespace {
 
 using optimizer_cpu::DType;
 
-std::vector<OptimizerState> kinds_for(std::string_view optimizer) {
-  if (optimizer == "adagrad") {
-    return {OptimizerState::kParams, OptimizerState::kGrads, OptimizerState::kExpAvgSq};
-  }
-  if (optimizer == "lion") {
-    return {OptimizerState::kParams, OptimizerState::kGrads, OptimizerState::kExpAvg};
-  }
-  return {OptimizerState::kParams, OptimizerState::kGrads, OptimizerState::kExpAvg,
-          OptimizerState::kExpAvgSq};
+std::vector<OptimizerState> kinds_for(optimizer_cpu::StateArrays states) {
+  std::vector<OptimizerState> kinds = {OptimizerState::kParams, OptimizerState::kGrads};
+  if (states.exp_avg) kinds.push_back(OptimizerState::kExpAvg);
+  if (states.exp_avg_sq) kinds.push_back(OptimizerState::kExpAvgSq);
+  return kinds;
 }
 
 const char* state_name(OptimizerState state) {
@@ -69,7 +65,7 @@ OptimizerSwapper::OptimizerSwapper(const OptimizerSwapperConfig& config,
     : config_(config),
       optimizer_(optimizer),
       store_(config.device == OffloadDevice::kNvme ? store : nullptr),
-      kinds_(kinds_for(optimizer.name())) {
+      kinds_(kinds_for(optimizer.state_arrays())) {
   if (config_.numel == 0) {
     throw OffloadError(ErrorKind::kConfig, "optimizer swapper: the partition has 0 elements");
   }

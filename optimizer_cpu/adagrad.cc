@@ -44,8 +44,10 @@ void AdagradOptimizer::set_lr(float lr) {
 
 std::string_view AdagradOptimizer::name() const noexcept { return "adagrad"; }
 
+OptimizerKind AdagradOptimizer::kind() const noexcept { return OptimizerKind::kAdagrad; }
+
 StepResult AdagradOptimizer::step(const StepArgs& args) {
-  const detail::KernelArrays arrays = detail::check_step_args(args, false, true);
+  const detail::KernelArrays arrays = detail::check_step_args(args, state_arrays());
   const AdagradConfig c = config();
   detail::AdagradCoefficients k;
   k.eps = c.eps;

@@ -40,6 +40,7 @@ class AdagradOptimizer final : public Optimizer {
   [[nodiscard]] float lr() const override;
   void set_lr(float lr) override;
   [[nodiscard]] std::string_view name() const noexcept override;
+  [[nodiscard]] OptimizerKind kind() const noexcept override;
 
  private:
   mutable std::mutex mu_;

@@ -54,6 +54,10 @@ std::string_view AdamOptimizer::name() const noexcept {
   return adamw_mode_.load(std::memory_order_relaxed) ? "adamw" : "adam";
 }
 
+OptimizerKind AdamOptimizer::kind() const noexcept {
+  return adamw_mode_.load(std::memory_order_relaxed) ? OptimizerKind::kAdamW : OptimizerKind::kAdam;
+}
+
 AdamOptimizer::StepCoefficients AdamOptimizer::prepare(std::int64_t step) {
   std::lock_guard<std::mutex> lock(mu_);
   const AdamConfig& c = config_;
@@ -89,7 +93,7 @@ AdamOptimizer::StepCoefficients AdamOptimizer::prepare(std::int64_t step) {
 }
 
 StepResult AdamOptimizer::step(const StepArgs& args) {
-  const detail::KernelArrays arrays = detail::check_step_args(args, true, true);
+  const detail::KernelArrays arrays = detail::check_step_args(args, state_arrays());
   const StepCoefficients k = prepare(args.step);
   return detail::run_step(args, arrays, k.kernel, detail::active_kernel_table().adam);
 }

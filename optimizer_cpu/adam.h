@@ -52,6 +52,7 @@ class AdamOptimizer final : public Optimizer {
   [[nodiscard]] float lr() const override;
   void set_lr(float lr) override;
   [[nodiscard]] std::string_view name() const noexcept override;
+  [[nodiscard]] OptimizerKind kind() const noexcept override;
 
  private:
   // The coefficients one step needs, derived from the config and the step number.

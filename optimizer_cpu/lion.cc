@@ -42,8 +42,10 @@ void LionOptimizer::set_lr(float lr) {
 
 std::string_view LionOptimizer::name() const noexcept { return "lion"; }
 
+OptimizerKind LionOptimizer::kind() const noexcept { return OptimizerKind::kLion; }
+
 StepResult LionOptimizer::step(const StepArgs& args) {
-  const detail::KernelArrays arrays = detail::check_step_args(args, true, false);
+  const detail::KernelArrays arrays = detail::check_step_args(args, state_arrays());
   const LionConfig c = config();
   detail::LionCoefficients k;
   k.beta1 = c.beta1;

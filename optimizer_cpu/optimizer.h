@@ -94,6 +94,52 @@ struct [[nodiscard]] StepResult {
   [[nodiscard]] bool found_nonfinite() const noexcept { return nonfinite_grads != 0; }
 };
 
+// The optimizers of this library (Adam and AdamW are one update rule with two ways of
+// applying weight decay).
+enum class OptimizerKind : std::uint8_t { kAdam, kAdamW, kAdagrad, kLion };
+
+// DeepSpeed's spelling of each in a config's "optimizer.type": "Adam", "AdamW", "Adagrad",
+// "Lion".
+[[nodiscard]] constexpr std::string_view to_string(OptimizerKind kind) noexcept {
+  switch (kind) {
+    case OptimizerKind::kAdam:
+      return "Adam";
+    case OptimizerKind::kAdamW:
+      return "AdamW";
+    case OptimizerKind::kAdagrad:
+      return "Adagrad";
+    case OptimizerKind::kLion:
+      return "Lion";
+  }
+  return "?";
+}
+
+// The state arrays an optimizer's step() reads and writes besides params and grads, and their
+// names in a torch.optim state_dict (DeepSpeed's checkpoints hold them by these names). Every
+// layer that sizes, swaps, plans or saves optimizer states asks this, not the optimizer's name.
+struct StateArrays {
+  bool exp_avg = false;     // StepArgs::exp_avg: Adam's m, Lion's momentum
+  bool exp_avg_sq = false;  // StepArgs::exp_avg_sq: Adam's v, Adagrad's sum of squares
+  std::string_view exp_avg_name = "exp_avg";
+  std::string_view exp_avg_sq_name = "exp_avg_sq";
+  [[nodiscard]] constexpr int count() const noexcept {
+    return (exp_avg ? 1 : 0) + (exp_avg_sq ? 1 : 0);
+  }
+};
+
+[[nodiscard]] constexpr StateArrays state_arrays(OptimizerKind kind) noexcept {
+  switch (kind) {
+    case OptimizerKind::kAdagrad:
+      return {false, true, "exp_avg", "sum"};
+    case OptimizerKind::kLion:
+      return {true, false, "exp_avg", "exp_avg_sq"};
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW:
+      break;
+  }
+  return {true, true, "exp_avg", "exp_avg_sq"};
+}
+
 // An element-wise optimizer over raw arrays (Adam/AdamW, Adagrad, Lion).
 class Optimizer {
  public:
@@ -111,6 +157,11 @@ class Optimizer {
 
   // "adam", "adamw", "adagrad" or "lion".
   [[nodiscard]] virtual std::string_view name() const noexcept = 0;
+  [[nodiscard]] virtual OptimizerKind kind() const noexcept = 0;
+  // The state arrays step() uses.
+  [[nodiscard]] StateArrays state_arrays() const noexcept {
+    return optimizer_cpu::state_arrays(kind());
+  }
 };
 
 // Number of NaN/Inf elements in `data` [numel] of type `dtype`, SIMD and TBB parallel.

@@ -31,7 +31,9 @@ void check_range_open(std::string_view name, float value, float lo, float hi) {
   }
 }
 
-KernelArrays check_step_args(const StepArgs& args, bool uses_exp_avg, bool uses_exp_avg_sq) {
+KernelArrays check_step_args(const StepArgs& args, StateArrays states) {
+  const bool uses_exp_avg = states.exp_avg;
+  const bool uses_exp_avg_sq = states.exp_avg_sq;
   auto check_dtype = [](std::string_view name, DType dtype) {
     if (dtype != DType::kFloat32 && dtype != DType::kBFloat16 && dtype != DType::kFloat16) {
       throw_invalid(name, "unknown dtype");

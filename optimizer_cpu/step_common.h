@@ -29,8 +29,7 @@ void check_range_open(std::string_view name, float value, float lo, float hi);
 
 // Checks what every optimizer needs (params, grads, dtypes, grad_scale, copy, step) plus the
 // states it uses, and packs the arrays for the kernels.
-[[nodiscard]] KernelArrays check_step_args(const StepArgs& args, bool uses_exp_avg,
-                                           bool uses_exp_avg_sq);
+[[nodiscard]] KernelArrays check_step_args(const StepArgs& args, StateArrays states);
 
 // Calls kernel(begin, end) over [0, numel) in tiles of kTileElements spread over the current
 // TBB arena (in the calling thread alone when numel is small) and returns the sum of what

@@ -218,7 +218,7 @@ engine::EngineOptions engine_options(const RunConfig& c, const zero::LaunchEnv& 
   e.zero = c.zero;
 
   const config::OptimizerConfig& o = c.optimizer;
-  e.optimizer.type = std::string(config::to_string(o.type));
+  e.optimizer.type = o.type;
   e.optimizer.lr = o.lr;
   e.optimizer.beta1 = o.beta1;
   e.optimizer.beta2 = o.beta2;

@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
     o.zero.sub_group_size = static_cast<uint64_t>(sub_group);
     o.zero.param_max_in_cpu = 0;
     o.zero.pipeline_read = o.zero.pipeline_write = pipeline;
-    o.optimizer.type = "AdamW";
+    o.optimizer.type = zinf::optimizer_cpu::OptimizerKind::kAdamW;
     o.steps_per_print = 0;
     o.memory_budget = 64ull << 30;
     const auto start = std::chrono::steady_clock::now();

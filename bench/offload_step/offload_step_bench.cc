@@ -220,6 +220,7 @@ class SwitchableAdam final : public oc::Optimizer {
   [[nodiscard]] float lr() const override { return adam_.lr(); }
   void set_lr(float lr) override { adam_.set_lr(lr); }
   [[nodiscard]] std::string_view name() const noexcept override { return adam_.name(); }
+  [[nodiscard]] oc::OptimizerKind kind() const noexcept override { return adam_.kind(); }
   void set_io_only(bool io_only) noexcept { io_only_ = io_only; }
 
  private:

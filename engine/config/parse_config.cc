@@ -28,20 +28,6 @@ ConfigError::ConfigError(const std::string& source, const std::string& path,
       path_(path),
       reason_(reason) {}
 
-std::string_view to_string(OptimizerType type) {
-  switch (type) {
-    case OptimizerType::kAdam:
-      return "Adam";
-    case OptimizerType::kAdamW:
-      return "AdamW";
-    case OptimizerType::kAdagrad:
-      return "Adagrad";
-    case OptimizerType::kLion:
-      return "Lion";
-  }
-  return "?";
-}
-
 std::string_view to_string(SchedulerType type) {
   switch (type) {
     case SchedulerType::kNone:
@@ -75,7 +61,7 @@ std::string_view to_string(AcceleratorType type) {
 }
 
 int OptimizerConfig::states_per_param() const noexcept {
-  return type == OptimizerType::kAdam || type == OptimizerType::kAdamW ? 4 : 3;
+  return 2 + optimizer_cpu::state_arrays(type).count();
 }
 
 namespace {
@@ -735,15 +721,15 @@ void check_offload(ParseContext& ctx, RunConfig& c) {
   }
   if (z.offload_optimizer != zero::OffloadTarget::kNone &&
       z.optimizer_buffer_count < static_cast<size_t>(c.optimizer.states_per_param())) {
+    const optimizer_cpu::StateArrays states = optimizer_cpu::state_arrays(c.optimizer.type);
+    std::string names = "fp32 params, grads";
+    if (states.exp_avg) names += fmt::format(", {}", states.exp_avg_name);
+    if (states.exp_avg_sq) names += fmt::format(", {}", states.exp_avg_sq_name);
     ctx.fail("zero_optimization.offload_optimizer.buffer_count",
-             fmt::format("{} buffers cannot hold the {} states per parameter of {} (fp32 "
-                         "params, grads{}); set it to at least {}",
+             fmt::format("{} buffers cannot hold the {} states per parameter of {} ({}); set it "
+                         "to at least {}",
                          z.optimizer_buffer_count, c.optimizer.states_per_param(),
-                         to_string(c.optimizer.type),
-                         c.optimizer.states_per_param() == 4           ? ", exp_avg, exp_avg_sq"
-                         : c.optimizer.type == OptimizerType::kAdagrad ? ", sum of squares"
-                                                                       : ", exp_avg",
-                         c.optimizer.states_per_param()));
+                         to_string(c.optimizer.type), names, c.optimizer.states_per_param()));
   }
   if (z.sub_group_size == 0) {
     ctx.fail("zero_optimization.sub_group_size",

@@ -35,6 +35,7 @@
 #include <string_view>
 #include <vector>
 
+#include "optimizer_cpu/optimizer.h"
 #include "zero/zero_config.h"
 
 namespace zinf::config {
@@ -57,8 +58,9 @@ class ConfigError : public std::runtime_error {
 
 // ---- optimizer / scheduler ------------------------------------------------------------------
 
-enum class OptimizerType : uint8_t { kAdam, kAdamW, kAdagrad, kLion };
-[[nodiscard]] std::string_view to_string(OptimizerType type);
+// The optimizer library's own kinds: the states each keeps are optimizer_cpu::state_arrays(),
+// the spelling to_string() (found by argument-dependent lookup).
+using OptimizerType = optimizer_cpu::OptimizerKind;
 
 // The "optimizer" block. Defaults are those of DeepSpeed's CPU optimizers for the type
 // (Adagrad: lr 1e-2, eps 1e-10; the others lr 1e-3, eps 1e-8).

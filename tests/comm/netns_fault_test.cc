@@ -468,7 +468,7 @@ TEST(NetnsRank, DISABLED_Train) {
   EngineOptions o;
   o.zero.stage = 3;
   o.zero.gradient_accumulation_steps = 2;
-  o.optimizer.type = "AdamW";
+  o.optimizer.type = optimizer_cpu::OptimizerKind::kAdamW;
   o.optimizer.lr = 3e-3;
   o.optimizer.weight_decay = 0.01;
   o.micro_batch_size = 2;

@@ -42,7 +42,7 @@ constexpr int64_t kStepsA = 2;  // A is the state after 2 steps, B after 3
 EngineOptions options(int stage, const std::string& nvme = {}) {
   EngineOptions o;
   o.zero.stage = stage;
-  o.optimizer.type = "AdamW";
+  o.optimizer.type = optimizer_cpu::OptimizerKind::kAdamW;
   o.optimizer.lr = 3e-3;
   o.optimizer.weight_decay = 0.01;
   o.micro_batch_size = 2;

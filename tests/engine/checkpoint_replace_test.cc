@@ -25,7 +25,7 @@ struct Trainer {
   explicit Trainer(std::vector<std::string>* lines) {
     EngineOptions o;
     o.zero.stage = 2;
-    o.optimizer.type = "AdamW";
+    o.optimizer.type = optimizer_cpu::OptimizerKind::kAdamW;
     o.micro_batch_size = 2;
     o.tokens_per_sample = 8;
     o.steps_per_print = 0;

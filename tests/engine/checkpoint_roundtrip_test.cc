@@ -37,7 +37,7 @@ struct Case {
 EngineOptions options_for(const Case& c, const std::string& nvme) {
   EngineOptions o;
   o.zero.stage = c.stage;
-  o.optimizer.type = "AdamW";
+  o.optimizer.type = optimizer_cpu::OptimizerKind::kAdamW;
   o.optimizer.lr = 3e-3;
   o.micro_batch_size = 4;
   o.tokens_per_sample = kSeq;

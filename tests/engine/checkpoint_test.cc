@@ -55,7 +55,7 @@ EngineOptions options_for(int stage, const std::string& nvme = {}) {
   EngineOptions o;
   o.zero.stage = stage;
   o.zero.gradient_accumulation_steps = 2;
-  o.optimizer.type = "AdamW";
+  o.optimizer.type = optimizer_cpu::OptimizerKind::kAdamW;
   o.optimizer.lr = 3e-3;
   o.optimizer.weight_decay = 0.01;
   o.lr_schedule = [](int64_t step) { return 3e-3 * std::min(1.0, static_cast<double>(step) / 4); };
@@ -615,7 +615,7 @@ TEST(CheckpointRefusal, ADifferentStageModelOrOptimizerIsNamed) {
   }
   {
     EngineOptions o = options_for(2);
-    o.optimizer.type = "Lion";
+    o.optimizer.type = optimizer_cpu::OptimizerKind::kLion;
     Trainer other(o, 7);
     const std::string e = load_error(other, dir.path());
     EXPECT_NE(e.find("saved with optimizer adamw, this run uses lion"), std::string::npos) << e;

@@ -36,7 +36,7 @@ TEST(CsvMonitor, EngineEventsGoToDeepSpeedsFilesAndColumns) {
   EngineOptions o;
   o.zero.stage = 2;
   o.zero.gradient_accumulation_steps = 2;
-  o.optimizer.type = "AdamW";
+  o.optimizer.type = optimizer_cpu::OptimizerKind::kAdamW;
   o.optimizer.lr = 1e-3;
   o.micro_batch_size = 3;
   o.steps_per_print = 0;

@@ -111,7 +111,7 @@ const std::vector<std::string>& case_names() {
 EngineOptions options_for(const std::string& name, const std::string& nvme_dir) {
   EngineOptions o;
   o.zero.stage = name == "stage0" ? 0 : name == "stage1" ? 1 : name == "stage2" ? 2 : 3;
-  o.optimizer.type = "AdamW";
+  o.optimizer.type = optimizer_cpu::OptimizerKind::kAdamW;
   o.optimizer.lr = kLr;
   o.optimizer.weight_decay = 0.01;
   o.tokens_per_sample = kSeq;

@@ -57,7 +57,7 @@ EngineOptions options_for(int stage, int accumulation, int64_t micro, double lr)
   EngineOptions o;
   o.zero.stage = stage;
   o.zero.gradient_accumulation_steps = accumulation;
-  o.optimizer.type = "AdamW";
+  o.optimizer.type = optimizer_cpu::OptimizerKind::kAdamW;
   o.optimizer.lr = lr;
   o.optimizer.weight_decay = 0.01;
   o.micro_batch_size = micro;

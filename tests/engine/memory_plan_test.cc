@@ -138,7 +138,7 @@ void expect_peaks_within_plan(int only) {
     o.zero.param_max_in_cpu = 0;
     o.zero.gradient_accumulation_steps = 2;
     o.zero.aio.backend = aio::BackendKind::kPsync;
-    o.optimizer.type = "AdamW";
+    o.optimizer.type = optimizer_cpu::OptimizerKind::kAdamW;
     o.optimizer.lr = 1e-3;
     o.micro_batch_size = 2;
     o.steps_per_print = 0;
