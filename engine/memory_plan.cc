@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "offload/sub_groups.h"
+
 namespace zinf::engine {
 namespace {
 
@@ -170,9 +172,7 @@ MemoryPlan plan_memory(const PlanInputs& in) {
       const uint64_t sets = 1 + (z.pipeline_read ? 1 : 0) + (z.pipeline_write ? 1 : 0);
       plan.pinned += sets * kinds * round_page(group * 4) + sets * round_page(group * 2) +
                      2 * round_page(group * 4);
-      const uint64_t groups = group == 0 ? 0 : (plan.partition_numel + group - 1) / group;
-      for (uint64_t g = 0; g < groups; ++g) {
-        const uint64_t n = std::min(group, plan.partition_numel - g * group);
+      for (const uint64_t n : offload::cut_sub_groups(plan.partition_numel, z.sub_group_size)) {
         plan.nvme += kinds * round_page(n * 4);
       }
       break;

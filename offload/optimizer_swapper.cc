@@ -66,21 +66,23 @@ OptimizerSwapper::OptimizerSwapper(const OptimizerSwapperConfig& config,
       optimizer_(optimizer),
       store_(config.device == OffloadDevice::kNvme ? store : nullptr),
       kinds_(kinds_for(optimizer.state_arrays())) {
-  if (config_.numel == 0) {
-    throw OffloadError(ErrorKind::kConfig, "optimizer swapper: the partition has 0 elements");
+  for (const uint64_t numel : config_.sub_groups) {
+    if (numel == 0) {
+      throw OffloadError(ErrorKind::kConfig, "optimizer swapper: a sub-group of 0 elements");
+    }
+    sub_groups_.push_back({numel_, numel, {}});
+    numel_ += numel;
+    largest_ = std::max(largest_, numel);
   }
-  if (config_.sub_group_size == 0) {
-    throw OffloadError(ErrorKind::kConfig, "zero_optimization.sub_group_size must be > 0");
+  if (numel_ == 0) {
+    throw OffloadError(ErrorKind::kConfig, "optimizer swapper: the partition has 0 elements");
   }
   if (config_.device == OffloadDevice::kNvme && store == nullptr) {
     throw OffloadError(ErrorKind::kConfig,
                        "offload_optimizer.device is nvme but no swap store was given "
                        "(offload_optimizer.nvme_path)");
   }
-  const uint64_t group = std::min(config_.sub_group_size, config_.numel);
-  for (uint64_t offset = 0; offset < config_.numel; offset += group) {
-    sub_groups_.push_back({offset, std::min(group, config_.numel - offset), {}});
-  }
+  const uint64_t group = largest_;
   const size_t sets = config_.device == OffloadDevice::kNvme
                           ? 1 + (config_.pipeline_read ? 1 : 0) + (config_.pipeline_write ? 1 : 0)
                           : 1;
@@ -120,7 +122,7 @@ OptimizerSwapper::OptimizerSwapper(const OptimizerSwapperConfig& config,
       }
     } else {
       for (OptimizerState kind : kinds_) {
-        memory_.emplace_back(config_.numel * element_bytes(kind));
+        memory_.emplace_back(numel_ * element_bytes(kind));
       }
       sets_.push_back(std::make_unique<BufferSet>());
       copy_pool_ =
@@ -273,8 +275,8 @@ void OptimizerSwapper::load_state(OptimizerState state, const void* data) {
   const size_t bytes = element_bytes(state);
   const auto* src = static_cast<const std::byte*>(data);
   if (store_ == nullptr) {
-    std::memcpy(memory_[k].data(), src, config_.numel * bytes);
-    counters_.add_cpu_written(config_.numel * bytes);
+    std::memcpy(memory_[k].data(), src, numel_ * bytes);
+    counters_.add_cpu_written(numel_ * bytes);
     return;
   }
   for (size_t g = 0; g < sub_groups_.size(); ++g) {
@@ -287,8 +289,8 @@ void OptimizerSwapper::read_state(OptimizerState state, void* data) {
   const size_t bytes = element_bytes(state);
   auto* dst = static_cast<std::byte*>(data);
   if (store_ == nullptr) {
-    std::memcpy(dst, memory_[k].data(), config_.numel * bytes);
-    counters_.add_cpu_read(config_.numel * bytes);
+    std::memcpy(dst, memory_[k].data(), numel_ * bytes);
+    counters_.add_cpu_read(numel_ * bytes);
     return;
   }
   for (size_t g = 0; g < sub_groups_.size(); ++g) {
@@ -364,11 +366,11 @@ const void* OptimizerSwapper::held(OptimizerState state, size_t sub_group) {
 }
 
 void OptimizerSwapper::write_grads(uint64_t offset, const void* grads, uint64_t numel) {
-  if (offset > config_.numel || numel > config_.numel - offset) {
+  if (offset > numel_ || numel > numel_ - offset) {
     throw OffloadError(ErrorKind::kUsage, "write_grads of " + std::to_string(numel) +
                                               " elements at " + std::to_string(offset) +
                                               " exceeds the partition of " +
-                                              std::to_string(config_.numel));
+                                              std::to_string(numel_));
   }
   const size_t k = kind_index(OptimizerState::kGrads);
   const size_t bytes = element_bytes(OptimizerState::kGrads);

@@ -1,6 +1,6 @@
 // OptimizerSwapper: one rank's optimizer partition — the fp32 master params, the
-// optimizer's states (Adam: m and v) and the grads — cut into sub-groups of
-// `sub_group_size` elements and kept on NVMe (or in CPU memory), updated one sub-group at a
+// optimizer's states (Adam: m and v) and the grads — in the sub-groups it is handed
+// (offload/sub_groups.h cuts them) and kept on NVMe (or in CPU memory), updated one sub-group at a
 // time by a CPU optimizer from optimizer_cpu.
 //
 // step() walks the sub-groups in order. For each: read its states into pinned buffers,
@@ -13,8 +13,8 @@
 // pipelining: every sub-group sees the same inputs and the same kernel.
 //
 // Pinned memory is fixed by the config: sets = 1 + pipeline_read + pipeline_write buffer
-// sets, each `states` buffers of sub_group_size x 4 bytes (states: 4 for Adam — params,
-// grads, m, v; 3 for Adagrad and Lion) plus one 16-bit copy buffer of sub_group_size x 2
+// sets, each `states` buffers of (largest sub-group) x 4 bytes (states: 4 for Adam — params,
+// grads, m, v; 3 for Adagrad and Lion) plus one 16-bit copy buffer of its x 2
 // bytes. `buffer_count` (offload_optimizer.buffer_count) must be at least `states`; the
 // constructor fails early with the numbers otherwise. pinned_bytes() reports the total.
 // Each set's I/O queue has the state buffers registered (io_uring fixed buffers; when the
@@ -77,11 +77,12 @@ enum class OffloadDevice { kCpu, kNvme };
 
 struct OptimizerSwapperConfig {
   OffloadDevice device = OffloadDevice::kNvme;  // offload_optimizer.device
-  uint64_t numel = 0;                           // elements in this rank's partition
-  uint64_t sub_group_size = 1'000'000'000;      // zero_optimization.sub_group_size
-  size_t buffer_count = 4;                      // offload_optimizer.buffer_count
-  bool pipeline_read = false;                   // offload_optimizer.pipeline_read
-  bool pipeline_write = false;                  // offload_optimizer.pipeline_write
+  // This rank's partition as its sub-groups' sizes, in order (offload/sub_groups.h cuts
+  // them; the partition layout hands its cut down): their sum is the partition.
+  std::vector<uint64_t> sub_groups;
+  size_t buffer_count = 4;      // offload_optimizer.buffer_count
+  bool pipeline_read = false;   // offload_optimizer.pipeline_read
+  bool pipeline_write = false;  // offload_optimizer.pipeline_write
   optimizer_cpu::DType grad_dtype = optimizer_cpu::DType::kFloat32;
   // The copy of the updated params handed to the sink: bf16 or fp16 (converted in the
   // optimizer's pass), or fp32 (the sink then reads the updated master params themselves).
@@ -180,6 +181,8 @@ class OptimizerSwapper {
 
   [[nodiscard]] const OptimizerSwapperConfig& config() const noexcept { return config_; }
   [[nodiscard]] size_t sub_group_count() const noexcept { return sub_groups_.size(); }
+  // Elements in the partition: the sum of config().sub_groups.
+  [[nodiscard]] uint64_t numel() const noexcept { return numel_; }
   // Number of arrays per element kept (params, grads and the optimizer's states).
   [[nodiscard]] size_t states_per_param() const noexcept { return kinds_.size(); }
   // Pinned bytes held by this swapper's pools: fixed from construction on.
@@ -222,6 +225,8 @@ class OptimizerSwapper {
   NvmeStore* const store_;
   std::vector<OptimizerState> kinds_;  // the arrays kept, kParams first
   std::vector<SubGroup> sub_groups_;
+  uint64_t numel_ = 0;    // the partition
+  uint64_t largest_ = 0;  // elements of the largest sub-group: the buffers' size
   std::vector<std::vector<std::byte>> memory_;  // device kCpu: one array per kind
   std::unique_ptr<PinnedBufferPool> state_pool_;
   std::unique_ptr<PinnedBufferPool> copy_pool_;

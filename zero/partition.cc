@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <string>
 
+#include "offload/sub_groups.h"
+
 namespace zinf::zero {
 
 PartitionLayout::PartitionLayout(const std::vector<uint64_t>& numels, int world_size, int rank,
@@ -15,9 +17,6 @@ PartitionLayout::PartitionLayout(const std::vector<uint64_t>& numels, int world_
   if (rank < 0 || rank >= world_size) {
     throw std::invalid_argument("partition: rank " + std::to_string(rank) + " is outside [0, " +
                                 std::to_string(world_size) + ")");
-  }
-  if (sub_group_size == 0) {
-    throw std::invalid_argument("zero_optimization.sub_group_size must be > 0");
   }
   const auto w = static_cast<uint64_t>(world_size);
   const auto r = static_cast<uint64_t>(rank);
@@ -37,8 +36,10 @@ PartitionLayout::PartitionLayout(const std::vector<uint64_t>& numels, int world_
     total_numel_ += n;
     slices_.push_back(s);
   }
-  for (uint64_t offset = 0; offset < partition_numel_; offset += sub_group_size) {
-    sub_groups_.push_back({offset, std::min(sub_group_size, partition_numel_ - offset)});
+  uint64_t offset = 0;
+  for (const uint64_t numel : offload::cut_sub_groups(partition_numel_, sub_group_size)) {
+    sub_groups_.push_back({offset, numel});
+    offset += numel;
   }
 }
 

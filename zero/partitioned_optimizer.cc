@@ -49,18 +49,15 @@ PartitionedOptimizer::PartitionedOptimizer(const PartitionLayout& layout, const 
   nvme_ = config_.offload_optimizer == OffloadTarget::kNvme;
   offload::OptimizerSwapperConfig sc;
   sc.device = nvme_ ? offload::OffloadDevice::kNvme : offload::OffloadDevice::kCpu;
-  sc.numel = layout_.partition_numel();
-  sc.sub_group_size = config_.sub_group_size;
+  for (const SubGroupRange& g : layout_.sub_groups()) {
+    sc.sub_groups.push_back(g.numel);  // the layout's cut, the only one
+  }
   sc.buffer_count = config_.optimizer_buffer_count;
   sc.pipeline_read = config_.pipeline_read;
   sc.pipeline_write = config_.pipeline_write;
   sc.grad_dtype = optimizer_cpu::DType::kFloat32;
   sc.param_copy_dtype = copy_dtype(config_.precision);
   swapper_ = std::make_unique<offload::OptimizerSwapper>(sc, optimizer, store, accelerator);
-  if (swapper_->sub_group_count() != layout_.sub_groups().size()) {
-    throw ZeroError(fmt::format("optimizer swapper cut {} sub-groups where the layout has {}",
-                                swapper_->sub_group_count(), layout_.sub_groups().size()));
-  }
   const size_t groups = layout_.sub_groups().size();
   sumsq_.assign(groups, 0.0);
   nonfinite_.assign(groups, 0);

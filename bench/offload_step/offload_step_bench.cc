@@ -44,6 +44,7 @@
 #include "aio/config.h"
 #include "offload/nvme_store.h"
 #include "offload/optimizer_swapper.h"
+#include "offload/sub_groups.h"
 #include "optimizer_cpu/adam.h"
 
 namespace {
@@ -318,8 +319,7 @@ ConfigResult run_config(const Options& o, bool pipeline, bool checksums, uint64_
   NvmeStore store(sc);
   SwitchableAdam optimizer;
   OptimizerSwapperConfig config;
-  config.numel = o.params;
-  config.sub_group_size = o.sub_group;
+  config.sub_groups = zinf::offload::cut_sub_groups(o.params, o.sub_group);
   config.pipeline_read = pipeline;
   config.pipeline_write = pipeline;
   OptimizerSwapper swapper(config, optimizer, &store);

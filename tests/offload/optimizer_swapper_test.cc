@@ -22,6 +22,7 @@
 #include "aio/fault_backend.h"
 #include "offload/cpu_accelerator.h"
 #include "offload/error.h"
+#include "offload/sub_groups.h"
 #include "optimizer_cpu/adam.h"
 #include "optimizer_cpu/half.h"
 #include "tests/common/seed.h"
@@ -100,8 +101,7 @@ void read_arrays(OptimizerSwapper& swapper, Outcome& out) {
 Outcome run_swapper(const Problem& problem, OptimizerSwapperConfig config, NvmeStore* store,
                     uint64_t sub_group = kSubGroup) {
   AdamOptimizer adam(adam_config());
-  config.numel = kNumel;
-  config.sub_group_size = sub_group;
+  config.sub_groups = cut_sub_groups(kNumel, sub_group);
   OptimizerSwapper swapper(config, adam, store);
   swapper.initialize(problem.params.data());
   Outcome out;
@@ -295,8 +295,7 @@ TEST(OptimizerSwapper, AStepObserverSeesTheUpdatedArraysUntilItReleasesThem) {
       TempDir dir;
       NvmeStore store(store_config(dir.path(), true));
       OptimizerSwapperConfig config;
-      config.numel = kNumel;
-      config.sub_group_size = sub_group;
+      config.sub_groups = cut_sub_groups(kNumel, sub_group);
       config.pipeline_read = (mode & 1) != 0;
       config.pipeline_write = (mode & 2) != 0;
       if (mode == 4) config.device = OffloadDevice::kCpu;
@@ -360,8 +359,7 @@ TEST(OptimizerSwapper, HeldSubGroupsAreNotReadBackAndWritesBetweenStepsAreSeen) 
     NvmeStore store(store_config(dir.path(), true));
     AdamOptimizer adam(adam_config());
     OptimizerSwapperConfig config;
-    config.numel = kNumel;
-    config.sub_group_size = kNumel;
+    config.sub_groups = cut_sub_groups(kNumel, kNumel);
     config.pipeline_read = (mode & 1) != 0;
     config.pipeline_write = (mode & 2) != 0;
     OptimizerSwapper swapper(config, adam, &store);
@@ -393,8 +391,7 @@ TEST(OptimizerSwapper, HeldSubGroupsAreNotReadBackAndWritesBetweenStepsAreSeen) 
   NvmeStore store(store_config(dir.path(), false));
   AdamOptimizer adam(adam_config());
   OptimizerSwapperConfig config;
-  config.numel = kNumel;
-  config.sub_group_size = kSubGroup;
+  config.sub_groups = cut_sub_groups(kNumel, kSubGroup);
   OptimizerSwapper swapper(config, adam, &store);
   swapper.initialize(problem.params.data());
   swapper.write_grads(0, problem.grads[0].data(), kNumel);
@@ -450,8 +447,7 @@ TEST(OptimizerSwapper, TmpfsAndBf16GradsMatchInMemory) {
     AdamOptimizer adam(adam_config());
     OptimizerSwapperConfig config;
     config.device = device;
-    config.numel = kNumel;
-    config.sub_group_size = kSubGroup;
+    config.sub_groups = cut_sub_groups(kNumel, kSubGroup);
     config.grad_dtype = DType::kBFloat16;
     config.pipeline_read = config.pipeline_write = true;
     OptimizerSwapper swapper(config, adam, store);
@@ -477,8 +473,7 @@ TEST(OptimizerSwapper, PinnedMemoryIsFixedByTheConfigAndCountersAddUp) {
   CpuAccelerator accelerator(0);
   AdamOptimizer adam(adam_config());
   OptimizerSwapperConfig config;
-  config.numel = kNumel;
-  config.sub_group_size = kSubGroup;
+  config.sub_groups = cut_sub_groups(kNumel, kSubGroup);
   config.pipeline_read = config.pipeline_write = true;
   OptimizerSwapper swapper(config, adam, &store, &accelerator);
   // 3 sets x (4 state buffers of 3000 x 4 bytes -> 12288 + one copy buffer 6000 -> 8192).
@@ -504,7 +499,7 @@ TEST(OptimizerSwapper, TooFewBuffersFailAtConstructionWithTheNumbers) {
   NvmeStore store(store_config(dir.path(), false));
   AdamOptimizer adam(adam_config());
   OptimizerSwapperConfig config;
-  config.numel = kNumel;
+  config.sub_groups = cut_sub_groups(kNumel, kNumel);  // one sub-group
   config.buffer_count = 3;
   try {
     OptimizerSwapper swapper(config, adam, &store);
@@ -521,8 +516,7 @@ TEST(OptimizerSwapper, OutOfSpaceIsReportedBeforeAnyWork) {
   NvmeStore store(store_config(dir.path(), false));
   AdamOptimizer adam(adam_config());
   OptimizerSwapperConfig config;
-  config.numel = uint64_t{1} << 42;  // 64 TiB of states
-  config.sub_group_size = uint64_t{1} << 28;
+  config.sub_groups = cut_sub_groups(uint64_t{1} << 42, uint64_t{1} << 28);  // 64 TiB of states
   try {
     OptimizerSwapper swapper(config, adam, &store);
     FAIL() << "64 TiB of optimizer states accepted";
@@ -550,8 +544,7 @@ TEST(OptimizerSwapper, DestroyedSwapperReturnsItsExtents) {
     {
       AdamOptimizer adam(adam_config());
       OptimizerSwapperConfig config;
-      config.numel = kNumel;
-      config.sub_group_size = kSubGroup;
+      config.sub_groups = cut_sub_groups(kNumel, kSubGroup);
       config.pipeline_read = config.pipeline_write = true;
       OptimizerSwapper swapper(config, adam, &store);
       swapper.initialize(problem.params.data());
@@ -591,8 +584,7 @@ TEST_P(OptimizerSwapperFailedConstruction, LeavesTheStoreAsItWas) {
   NvmeStore store(store_config(dir.path(), true));
   AdamOptimizer adam(adam_config());
   OptimizerSwapperConfig config;
-  config.numel = kNumel;
-  config.sub_group_size = kSubGroup;
+  config.sub_groups = cut_sub_groups(kNumel, kSubGroup);
   config.pipeline_read = true;  // 2 sets: 8 state buffers, then 2 copy buffers registered
   {
     testing::RefusingAccelerator accelerator(fail_at);
@@ -628,16 +620,15 @@ TEST(OptimizerSwapper, OutOfSpaceConstructionGivesItsExtentsBack) {
   NvmeStore store(store_config(dir.path(), false));
   AdamOptimizer adam(adam_config());
   OptimizerSwapperConfig config;
-  config.numel = uint64_t{1} << 42;           // 64 TiB of states
-  config.sub_group_size = uint64_t{1} << 34;  // 256 sub-groups, 1024 extents
+  // 64 TiB of states: 256 sub-groups, 1024 extents.
+  config.sub_groups = cut_sub_groups(uint64_t{1} << 42, uint64_t{1} << 34);
   EXPECT_THROW(OptimizerSwapper(config, adam, &store), OffloadError);
   uint64_t probe_offset = 0;
   EXPECT_TRUE(testing::holds_no_extent(store, &probe_offset));
   EXPECT_EQ(probe_offset, 0u);
   // The store is not wedged by the refused 64 TiB: a swapper that fits works.
   const Problem problem(7);
-  config.numel = kNumel;
-  config.sub_group_size = kSubGroup;
+  config.sub_groups = cut_sub_groups(kNumel, kSubGroup);
   OptimizerSwapper swapper(config, adam, &store);
   swapper.initialize(problem.params.data());
   swapper.write_grads(0, problem.grads[0].data(), kNumel);
@@ -670,8 +661,7 @@ struct FaultRig {
   }
   static OptimizerSwapperConfig rig_swapper_config(int mode) {
     OptimizerSwapperConfig config;
-    config.numel = kNumel;
-    config.sub_group_size = kSubGroup;
+    config.sub_groups = cut_sub_groups(kNumel, kSubGroup);
     config.pipeline_read = (mode & 1) != 0;
     config.pipeline_write = (mode & 2) != 0;
     return config;
@@ -917,8 +907,7 @@ TEST(OptimizerSwapper, CorruptedExtentFailsTheStepNamingFileAndOffset) {
   NvmeStore store(store_config(dir.path(), true));
   AdamOptimizer adam(adam_config());
   OptimizerSwapperConfig config;
-  config.numel = kNumel;
-  config.sub_group_size = kSubGroup;
+  config.sub_groups = cut_sub_groups(kNumel, kSubGroup);
   config.pipeline_read = true;
   OptimizerSwapper swapper(config, adam, &store);
   swapper.initialize(problem.params.data());
