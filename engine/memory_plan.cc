@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "offload/cpu_tier_budget.h"
 #include "offload/sub_groups.h"
 
 namespace zinf::engine {
@@ -51,8 +52,8 @@ MemoryPlan plan_memory(const PlanInputs& in) {
 
   uint64_t largest_padded = 0, total_padded = 0, largest_numel = 0, largest_trainable = 0;
   uint64_t managed_persistent = 0, managed_other = 0, persistent_budget = 0;
-  uint64_t largest_other = 0, count_other = 0;  // managed non-persistent parameters
-  uint64_t cpu_left = z.param_max_in_cpu;       // ParamSwapper's max_in_cpu, in add() order
+  uint64_t largest_other = 0, count_other = 0;          // managed non-persistent parameters
+  offload::CpuTierBudget cpu_tier(z.param_max_in_cpu);  // ParamSwapper's, in add() order
   for (const PlanParam& p : in.params) {
     largest_numel = std::max(largest_numel, p.numel);
     if (!p.trainable) {
@@ -92,8 +93,7 @@ MemoryPlan plan_memory(const PlanInputs& in) {
         plan.pinned += round_page(slice * elem);
         break;
       case OffloadTarget::kNvme:
-        if (slice <= cpu_left) {
-          cpu_left -= slice;
+        if (cpu_tier.place(slice)) {
           plan.pinned += round_page(slice * elem);
         } else {
           for (uint64_t done = 0; done < slice; done += z.param_buffer_size) {

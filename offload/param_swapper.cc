@@ -104,10 +104,11 @@ ParamId ParamSwapper::add(uint64_t numel, const void* initial) {
   Partition p;
   p.numel = numel;
   const uint64_t bytes = numel * config_.element_bytes;
-  if (numel <= config_.max_in_cpu - cpu_elements_) {
+  if (cpu_budget_.fits(numel)) {
     p.cpu = std::make_unique<aio::PinnedBuffer>(bytes);
     std::memcpy(p.cpu->data(), initial, bytes);
     partitions_.push_back(std::move(p));
+    cpu_budget_.take(numel);
     cpu_elements_ += numel;
     counters_.add_cpu_written(bytes);
     return static_cast<ParamId>(partitions_.size() - 1);

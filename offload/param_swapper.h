@@ -2,9 +2,10 @@
 // on NVMe except for up to `max_in_cpu` elements kept in CPU memory, and brought into
 // pinned pool buffers on demand for the forward and backward passes.
 //
-// Placement (decided once, in add() order): a partition stays in CPU memory when it fits in
-// what is left of `max_in_cpu` elements, otherwise it goes to NVMe; a later, smaller
-// partition may still fit. A partition is never split between the tiers. in_cpu() tells.
+// Placement (decided once, in add() order, by offload/cpu_tier_budget.h's rule): a partition
+// stays in CPU memory when it fits in what is left of `max_in_cpu` elements, otherwise it goes
+// to NVMe; a later, smaller partition may still fit. A partition is never split between the
+// tiers. in_cpu() tells.
 //
 // On NVMe a partition is stored as chunks of at most `buffer_size` elements, one extent
 // each, and swapped in into one pool buffer per chunk: a partition larger than buffer_size
@@ -54,6 +55,7 @@
 
 #include "aio/pinned_buffer.h"
 #include "offload/counters.h"
+#include "offload/cpu_tier_budget.h"
 #include "offload/nvme_store.h"
 #include "offload/pinned_buffer_pool.h"
 
@@ -211,7 +213,8 @@ class ParamSwapper {
   // The write batch (after partitions_: it drains before their buffers go back).
   bool batching_ = false;
   QueuePtr batch_;
-  std::vector<ParamId> batch_ids_;  // partitions with writes in batch_
+  std::vector<ParamId> batch_ids_;                // partitions with writes in batch_
+  CpuTierBudget cpu_budget_{config_.max_in_cpu};  // after config_
   uint64_t cpu_elements_ = 0;
   uint64_t cache_clock_ = 0;  // last Partition::cached_at given
   Counters counters_;

@@ -13,6 +13,7 @@
 
 #include "engine/config/json_reader.h"
 #include "engine/config/lr_schedule.h"
+#include "offload/cpu_tier_budget.h"
 
 namespace zinf::config {
 namespace {
@@ -349,13 +350,12 @@ void validate_with_model(const RunConfig& config, const std::vector<uint64_t>& p
   const zero::ZeroConfig& z = config.zero;
   if (z.offload_param != zero::OffloadTarget::kNvme || world_size < 1) return;
   const auto world = static_cast<uint64_t>(world_size);
-  uint64_t cpu_left = z.param_max_in_cpu;
+  offload::CpuTierBudget cpu_tier(z.param_max_in_cpu);
   uint64_t largest = 0;  // the largest partition that goes to NVMe
   for (uint64_t numel : param_numels) {
     const uint64_t slice = (numel + world - 1) / world;
-    if (slice <= cpu_left) {
-      cpu_left -= slice;  // kept in CPU memory (offload_param.max_in_cpu)
-      continue;
+    if (cpu_tier.place(slice)) {
+      continue;  // kept in CPU memory (offload_param.max_in_cpu)
     }
     largest = std::max(largest, slice);
   }
