@@ -157,7 +157,8 @@ MemoryPlan plan_memory(const PlanInputs& in) {
   }
 
   // The optimizer's partition (zero/partitioned_optimizer.h, offload/optimizer_swapper.h).
-  const uint64_t group = std::min(z.sub_group_size, plan.partition_numel);
+  const offload::SubGroupCut cut = offload::cut_sub_groups(plan.partition_numel, z.sub_group_size);
+  const uint64_t group = cut.largest();
   const uint64_t arrays = plan.partition_numel * 4 * kinds;
   switch (z.offload_optimizer) {
     case OffloadTarget::kNone:
@@ -172,8 +173,9 @@ MemoryPlan plan_memory(const PlanInputs& in) {
       const uint64_t sets = 1 + (z.pipeline_read ? 1 : 0) + (z.pipeline_write ? 1 : 0);
       plan.pinned += sets * kinds * round_page(group * 4) + sets * round_page(group * 2) +
                      2 * round_page(group * 4);
-      for (const uint64_t n : offload::cut_sub_groups(plan.partition_numel, z.sub_group_size)) {
-        plan.nvme += kinds * round_page(n * 4);
+      if (cut.count > 0) {  // an extent per kind and sub-group
+        plan.nvme +=
+            kinds * ((cut.count - 1) * round_page(cut.size * 4) + round_page(cut.last * 4));
       }
       break;
     }

@@ -67,7 +67,7 @@ int run(int steps) {
   engine::EngineOptions options;
   options.zero.stage = 3;
   options.zero.offload_optimizer = zinf::zero::OffloadTarget::kCpu;
-  options.optimizer.type = "adamw";
+  options.optimizer.type = zinf::optimizer_cpu::OptimizerKind::kAdamW;
   options.optimizer.lr = 3e-3;
   options.optimizer.weight_decay = 0.01;
   options.micro_batch_size = kMicroBatch;

@@ -120,12 +120,14 @@ def free_port():
     # released here could be handed to another program's connection before the store binds
     # it), and reserved against other runs on this machine by an abstract Unix socket named after
     # the port, bound until exit (no file to leave behind).
-    low = 32768
+    low = 32768  # Linux's default, when the range cannot be read
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = max(int(f.read().split()[0]), 12000)
+            low = int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         pass
+    if low <= 10000:
+        sys.exit(f"soak: the ephemeral port range starts at {low}: no port in [10000, {low})")
     start = os.getpid() % (low - 10000)
     for i in range(low - 10000):
         port = 10000 + (start + i) % (low - 10000)

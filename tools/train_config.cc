@@ -177,7 +177,7 @@ engine::PlanInputs llama_plan_inputs(const engine::LlamaConfig& model,
                                      int64_t micro_batch, int64_t seq_len) {
   engine::PlanInputs in;
   for (const auto& s : engine::llama_parameter_shapes(model)) {
-    in.params.push_back({static_cast<uint64_t>(s.numel), true, s.in_block, !s.in_block});
+    in.params.push_back({static_cast<uint64_t>(s.numel), true, s.in_block, !s.in_block, s.tied});
   }
   in.zero = config.zero;
   in.world_size = world_size;

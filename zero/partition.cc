@@ -36,10 +36,9 @@ PartitionLayout::PartitionLayout(const std::vector<uint64_t>& numels, int world_
     total_numel_ += n;
     slices_.push_back(s);
   }
-  uint64_t offset = 0;
-  for (const uint64_t numel : offload::cut_sub_groups(partition_numel_, sub_group_size)) {
-    sub_groups_.push_back({offset, numel});
-    offset += numel;
+  const offload::SubGroupCut cut = offload::cut_sub_groups(partition_numel_, sub_group_size);
+  for (uint64_t g = 0; g < cut.count; ++g) {
+    sub_groups_.push_back({g * cut.size, cut.numel(g)});
   }
 }
 

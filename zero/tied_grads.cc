@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <deque>
+#include <memory>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -15,34 +16,36 @@
 
 namespace zinf::zero {
 
-// Takes output `output` of the node it is attached to away from autograd.
+// Takes output `output` of the node it is attached to away from autograd, while the router
+// (reached through a weak link: a graph may outlive it) still expects that use.
 class TiedGradRouter::Hook final : public torch::autograd::FunctionPostHook {
  public:
-  Hook(TiedGradRouter& router, size_t entry, size_t output, uint64_t generation)
-      : router_(router), entry_(entry), output_(output), generation_(generation) {}
+  Hook(std::weak_ptr<TiedGradRouter*> router, size_t entry, size_t output, uint64_t generation)
+      : router_(std::move(router)), entry_(entry), output_(output), generation_(generation) {}
 
   torch::autograd::variable_list operator()(
       const torch::autograd::variable_list& outputs,
       const torch::autograd::variable_list& /*inputs*/) override {
-    if (generation_ != router_.generation_ || output_ >= outputs.size()) {
-      return outputs;  // a graph kept from an earlier backward: autograd's as usual
+    const std::shared_ptr<TiedGradRouter*> router = router_.lock();
+    if (!router || output_ >= outputs.size() || !(*router)->expects(entry_, generation_)) {
+      return outputs;  // a graph kept from an earlier backward, or one run again: autograd's
     }
     torch::autograd::variable_list out = outputs;
     at::Tensor grad = std::move(out[output_]);
     out[output_] = at::Tensor();
-    router_.take(entry_, generation_, grad);
+    (*router)->take(entry_, grad);
     return out;
   }
 
  private:
-  TiedGradRouter& router_;
+  const std::weak_ptr<TiedGradRouter*> router_;
   const size_t entry_;
   const size_t output_;
   const uint64_t generation_;
 };
 
 TiedGradRouter::TiedGradRouter(std::vector<Tied> tied, Deliver deliver)
-    : deliver_(std::move(deliver)) {
+    : deliver_(std::move(deliver)), self_(std::make_shared<TiedGradRouter*>(this)) {
   entries_.reserve(tied.size());
   for (Tied& t : tied) {
     Entry e;
@@ -104,7 +107,7 @@ void TiedGradRouter::route(const at::Tensor& root) {
     }
     entries_[i].uses = static_cast<int>(edges[i].size());
     for (const auto& [node, output] : edges[i]) {
-      node->add_post_hook(std::make_unique<Hook>(*this, i, output, generation_));
+      node->add_post_hook(std::make_unique<Hook>(self_, i, output, generation_));
     }
   }
 }
@@ -125,11 +128,13 @@ at::Tensor TiedGradRouter::unpark(Entry& e) {
   return at::empty(e.shape, at::TensorOptions().dtype(e.dtype).device(e.device)).copy_(host);
 }
 
-void TiedGradRouter::take(size_t entry, uint64_t generation, const at::Tensor& grad) {
+bool TiedGradRouter::expects(size_t entry, uint64_t generation) const noexcept {
+  return generation == generation_ && entry < entries_.size() &&
+         entries_[entry].received < entries_[entry].uses;
+}
+
+void TiedGradRouter::take(size_t entry, const at::Tensor& grad) {
   Entry& e = entries_[entry];
-  if (generation != generation_ || e.received >= e.uses) {
-    return;
-  }
   ++e.received;
   // What autograd's input buffer would hold now: the earlier sum plus this contribution.
   at::Tensor sum = grad;

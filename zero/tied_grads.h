@@ -16,20 +16,26 @@
 //    gradient. Autograd's input buffer adds each arriving contribution to the sum it holds,
 //    so this is the same sum in the same order: the same gradient, bit for bit.
 // A use whose node never ran (no gradient reached it) leaves a partial sum that finish()
-// delivers at the end of the micro-batch; a parameter with no routed gradient at all is
-// delivered nothing, and its owner treats it as before.
+// delivers at the end of the micro-batch. When every use ran without a gradient the delivery
+// is an undefined tensor (a zero contribution); when no use ran at all nothing is delivered,
+// and the owner adds its zero contribution as for any parameter no gradient reached.
+// A second backward over a retained graph finds the hooks of a finished route passing
+// autograd's gradients through unchanged.
 //
 // Only parameters with two or more names outside the blocks are routed (so the pinned bytes
 // are known before training: MemoryPlan counts one gradient of each), and only when the
 // graph has two or more edges into their accumulator.
 //
-// Thread safety: route(), finish() and the hooks run on the thread that runs the backward.
+// Thread safety: route() and finish() are called by the thread that runs the backward; the
+// hooks run on autograd's thread for the device (on CUDA a worker of its own) while that
+// thread waits in backward(), so no two of them run at once.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "aio/pinned_buffer.h"
@@ -86,13 +92,18 @@ class TiedGradRouter {
     at::Device device = at::kCPU;
   };
 
-  void take(size_t entry, uint64_t generation, const at::Tensor& grad);
+  // Whether a hook of route() number `generation` still has a use of `entry` to take.
+  [[nodiscard]] bool expects(size_t entry, uint64_t generation) const noexcept;
+  void take(size_t entry, const at::Tensor& grad);
   at::Tensor unpark(Entry& e);
 
   std::vector<Entry> entries_;
   Deliver deliver_;
-  uint64_t generation_ = 0;  // bumped by each route(): older hooks are stale
+  uint64_t generation_ = 0;  // bumped by route() and finish(): older hooks are stale
   TiedGradStats stats_;
+  // What the hooks reach this router through; they hold it weakly, so a graph that outlives
+  // the router finds nothing and leaves autograd's gradients alone.
+  std::shared_ptr<TiedGradRouter*> self_;
 };
 
 }  // namespace zinf::zero

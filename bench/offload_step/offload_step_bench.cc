@@ -319,7 +319,7 @@ ConfigResult run_config(const Options& o, bool pipeline, bool checksums, uint64_
   NvmeStore store(sc);
   SwitchableAdam optimizer;
   OptimizerSwapperConfig config;
-  config.sub_groups = zinf::offload::cut_sub_groups(o.params, o.sub_group);
+  config.sub_groups = zinf::offload::cut_sub_groups(o.params, o.sub_group).sizes();
   config.pipeline_read = pipeline;
   config.pipeline_write = pipeline;
   OptimizerSwapper swapper(config, optimizer, &store);

@@ -3,8 +3,9 @@
 // the formula as before (the same values, bit for bit); what changes is what is saved:
 //
 // rms_norm(x, weight, eps) = (x * rsqrt(mean(x^2, -1) + eps)) * weight, in fp32, rounded to
-//   x's dtype. Autograd would keep x^2, the normalised rows and their product with the
-//   weight (three tensors the size of x in fp32) until the norm's backward; this keeps x
+//   x's dtype. Autograd's chain of that formula keeps at least two more tensors the size of x
+//   in fp32 until the norm's backward, the normalised rows among them (and an fp32 copy of a
+//   16-bit x): FusedOps.KeepLessForTheBackwardThanAutogradsChain measures it. This keeps x
 //   (alive anyway: the residual stream) and one fp32 scale per row, and the backward
 //   recomputes the normalised rows. Its gradients are the closed form
 //   dx = r * (g - n * mean(g * n, -1)), dw = sum(dy * n) with n the normalised rows,

@@ -200,6 +200,7 @@ std::vector<LlamaParameterShape> llama_parameter_shapes(const LlamaConfig& c) {
     out.push_back({std::move(name), numel, in_block, std::move(shape)});
   };
   add("model.embed_tokens.weight", {c.vocab_size, h}, false);
+  out.back().tied = c.tie_embeddings;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     const std::string p = fmt::format("model.layers.{}.", i);
     const int64_t q = c.num_heads * c.head_size();

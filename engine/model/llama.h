@@ -139,6 +139,7 @@ struct LlamaParameterShape {
   int64_t numel = 0;
   bool in_block = false;       // a decoder layer's (inside a ZeroBlock)
   std::vector<int64_t> shape;  // as LlamaModel allocates it ([out, in] for projections)
+  bool tied = false;           // also the output head (tie_word_embeddings)
 };
 // In the order LlamaModel registers them; a tied head is not listed again.
 [[nodiscard]] std::vector<LlamaParameterShape> llama_parameter_shapes(const LlamaConfig& config);

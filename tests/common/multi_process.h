@@ -67,14 +67,19 @@ inline bool is_child_rank() { return std::getenv(kChildRankVariable) != nullptr;
 // reserved against the other tests of this machine by binding an abstract Unix socket named
 // after it ("@zinf-test-port-N": no file, released by the kernel when this process exits).
 inline int free_port() {
-  int ephemeral_low = 32768;
+  int ephemeral_low = 32768;  // Linux's default, when the range cannot be read
   {
     std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
     int low = 0;
-    if (range >> low && low > 12000) ephemeral_low = low;
+    if (range >> low) ephemeral_low = low;
   }
   const int first = 10000;
   const int span = ephemeral_low - first;
+  if (span <= 0) {
+    ADD_FAILURE() << "the ephemeral port range starts at " << ephemeral_low
+                  << ": no port in [10000, " << ephemeral_low << ") to reserve";
+    return 0;
+  }
   static int next = static_cast<int>((static_cast<unsigned>(::getpid()) * 2654435761u) % span);
   for (int tries = 0; tries < span; ++tries) {
     const int port = first + (next++ % span);

@@ -101,7 +101,7 @@ void read_arrays(OptimizerSwapper& swapper, Outcome& out) {
 Outcome run_swapper(const Problem& problem, OptimizerSwapperConfig config, NvmeStore* store,
                     uint64_t sub_group = kSubGroup) {
   AdamOptimizer adam(adam_config());
-  config.sub_groups = cut_sub_groups(kNumel, sub_group);
+  config.sub_groups = cut_sub_groups(kNumel, sub_group).sizes();
   OptimizerSwapper swapper(config, adam, store);
   swapper.initialize(problem.params.data());
   Outcome out;
@@ -295,7 +295,7 @@ TEST(OptimizerSwapper, AStepObserverSeesTheUpdatedArraysUntilItReleasesThem) {
       TempDir dir;
       NvmeStore store(store_config(dir.path(), true));
       OptimizerSwapperConfig config;
-      config.sub_groups = cut_sub_groups(kNumel, sub_group);
+      config.sub_groups = cut_sub_groups(kNumel, sub_group).sizes();
       config.pipeline_read = (mode & 1) != 0;
       config.pipeline_write = (mode & 2) != 0;
       if (mode == 4) config.device = OffloadDevice::kCpu;
@@ -359,7 +359,7 @@ TEST(OptimizerSwapper, HeldSubGroupsAreNotReadBackAndWritesBetweenStepsAreSeen) 
     NvmeStore store(store_config(dir.path(), true));
     AdamOptimizer adam(adam_config());
     OptimizerSwapperConfig config;
-    config.sub_groups = cut_sub_groups(kNumel, kNumel);
+    config.sub_groups = cut_sub_groups(kNumel, kNumel).sizes();
     config.pipeline_read = (mode & 1) != 0;
     config.pipeline_write = (mode & 2) != 0;
     OptimizerSwapper swapper(config, adam, &store);
@@ -391,7 +391,7 @@ TEST(OptimizerSwapper, HeldSubGroupsAreNotReadBackAndWritesBetweenStepsAreSeen) 
   NvmeStore store(store_config(dir.path(), false));
   AdamOptimizer adam(adam_config());
   OptimizerSwapperConfig config;
-  config.sub_groups = cut_sub_groups(kNumel, kSubGroup);
+  config.sub_groups = cut_sub_groups(kNumel, kSubGroup).sizes();
   OptimizerSwapper swapper(config, adam, &store);
   swapper.initialize(problem.params.data());
   swapper.write_grads(0, problem.grads[0].data(), kNumel);
@@ -447,7 +447,7 @@ TEST(OptimizerSwapper, TmpfsAndBf16GradsMatchInMemory) {
     AdamOptimizer adam(adam_config());
     OptimizerSwapperConfig config;
     config.device = device;
-    config.sub_groups = cut_sub_groups(kNumel, kSubGroup);
+    config.sub_groups = cut_sub_groups(kNumel, kSubGroup).sizes();
     config.grad_dtype = DType::kBFloat16;
     config.pipeline_read = config.pipeline_write = true;
     OptimizerSwapper swapper(config, adam, store);
@@ -473,7 +473,7 @@ TEST(OptimizerSwapper, PinnedMemoryIsFixedByTheConfigAndCountersAddUp) {
   CpuAccelerator accelerator(0);
   AdamOptimizer adam(adam_config());
   OptimizerSwapperConfig config;
-  config.sub_groups = cut_sub_groups(kNumel, kSubGroup);
+  config.sub_groups = cut_sub_groups(kNumel, kSubGroup).sizes();
   config.pipeline_read = config.pipeline_write = true;
   OptimizerSwapper swapper(config, adam, &store, &accelerator);
   // 3 sets x (4 state buffers of 3000 x 4 bytes -> 12288 + one copy buffer 6000 -> 8192).
@@ -499,7 +499,7 @@ TEST(OptimizerSwapper, TooFewBuffersFailAtConstructionWithTheNumbers) {
   NvmeStore store(store_config(dir.path(), false));
   AdamOptimizer adam(adam_config());
   OptimizerSwapperConfig config;
-  config.sub_groups = cut_sub_groups(kNumel, kNumel);  // one sub-group
+  config.sub_groups = cut_sub_groups(kNumel, kNumel).sizes();  // one sub-group
   config.buffer_count = 3;
   try {
     OptimizerSwapper swapper(config, adam, &store);
@@ -516,7 +516,8 @@ TEST(OptimizerSwapper, OutOfSpaceIsReportedBeforeAnyWork) {
   NvmeStore store(store_config(dir.path(), false));
   AdamOptimizer adam(adam_config());
   OptimizerSwapperConfig config;
-  config.sub_groups = cut_sub_groups(uint64_t{1} << 42, uint64_t{1} << 28);  // 64 TiB of states
+  config.sub_groups =
+      cut_sub_groups(uint64_t{1} << 42, uint64_t{1} << 28).sizes();  // 64 TiB of states
   try {
     OptimizerSwapper swapper(config, adam, &store);
     FAIL() << "64 TiB of optimizer states accepted";
@@ -544,7 +545,7 @@ TEST(OptimizerSwapper, DestroyedSwapperReturnsItsExtents) {
     {
       AdamOptimizer adam(adam_config());
       OptimizerSwapperConfig config;
-      config.sub_groups = cut_sub_groups(kNumel, kSubGroup);
+      config.sub_groups = cut_sub_groups(kNumel, kSubGroup).sizes();
       config.pipeline_read = config.pipeline_write = true;
       OptimizerSwapper swapper(config, adam, &store);
       swapper.initialize(problem.params.data());
@@ -584,7 +585,7 @@ TEST_P(OptimizerSwapperFailedConstruction, LeavesTheStoreAsItWas) {
   NvmeStore store(store_config(dir.path(), true));
   AdamOptimizer adam(adam_config());
   OptimizerSwapperConfig config;
-  config.sub_groups = cut_sub_groups(kNumel, kSubGroup);
+  config.sub_groups = cut_sub_groups(kNumel, kSubGroup).sizes();
   config.pipeline_read = true;  // 2 sets: 8 state buffers, then 2 copy buffers registered
   {
     testing::RefusingAccelerator accelerator(fail_at);
@@ -621,14 +622,14 @@ TEST(OptimizerSwapper, OutOfSpaceConstructionGivesItsExtentsBack) {
   AdamOptimizer adam(adam_config());
   OptimizerSwapperConfig config;
   // 64 TiB of states: 256 sub-groups, 1024 extents.
-  config.sub_groups = cut_sub_groups(uint64_t{1} << 42, uint64_t{1} << 34);
+  config.sub_groups = cut_sub_groups(uint64_t{1} << 42, uint64_t{1} << 34).sizes();
   EXPECT_THROW(OptimizerSwapper(config, adam, &store), OffloadError);
   uint64_t probe_offset = 0;
   EXPECT_TRUE(testing::holds_no_extent(store, &probe_offset));
   EXPECT_EQ(probe_offset, 0u);
   // The store is not wedged by the refused 64 TiB: a swapper that fits works.
   const Problem problem(7);
-  config.sub_groups = cut_sub_groups(kNumel, kSubGroup);
+  config.sub_groups = cut_sub_groups(kNumel, kSubGroup).sizes();
   OptimizerSwapper swapper(config, adam, &store);
   swapper.initialize(problem.params.data());
   swapper.write_grads(0, problem.grads[0].data(), kNumel);
@@ -661,7 +662,7 @@ struct FaultRig {
   }
   static OptimizerSwapperConfig rig_swapper_config(int mode) {
     OptimizerSwapperConfig config;
-    config.sub_groups = cut_sub_groups(kNumel, kSubGroup);
+    config.sub_groups = cut_sub_groups(kNumel, kSubGroup).sizes();
     config.pipeline_read = (mode & 1) != 0;
     config.pipeline_write = (mode & 2) != 0;
     return config;
@@ -907,7 +908,7 @@ TEST(OptimizerSwapper, CorruptedExtentFailsTheStepNamingFileAndOffset) {
   NvmeStore store(store_config(dir.path(), true));
   AdamOptimizer adam(adam_config());
   OptimizerSwapperConfig config;
-  config.sub_groups = cut_sub_groups(kNumel, kSubGroup);
+  config.sub_groups = cut_sub_groups(kNumel, kSubGroup).sizes();
   config.pipeline_read = true;
   OptimizerSwapper swapper(config, adam, &store);
   swapper.initialize(problem.params.data());
@@ -929,6 +930,22 @@ TEST(OptimizerSwapper, CorruptedExtentFailsTheStepNamingFileAndOffset) {
     EXPECT_NE(std::string(e.what()).find(store.path()), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("offset"), std::string::npos) << e.what();
   }
+}
+
+// The rule every layer cuts sub-groups with (offload/sub_groups.h).
+TEST(SubGroupCut, ConsecutiveSubGroupsOfTheSizeTheLastShorter) {
+  EXPECT_EQ(cut_sub_groups(10, 4).sizes(), (std::vector<uint64_t>{4, 4, 2}));
+  EXPECT_EQ(cut_sub_groups(10, 4).largest(), 4u);
+  EXPECT_EQ(cut_sub_groups(8, 4).sizes(), (std::vector<uint64_t>{4, 4}));
+  EXPECT_EQ(cut_sub_groups(3, 10).sizes(), (std::vector<uint64_t>{3}));
+  EXPECT_EQ(cut_sub_groups(3, 10).largest(), 3u);
+  EXPECT_TRUE(cut_sub_groups(0, 10).sizes().empty());
+  EXPECT_EQ(cut_sub_groups(0, 10).largest(), 0u);
+  // Counted, not listed: 2^40 sub-groups of one element.
+  const SubGroupCut tiny = cut_sub_groups(uint64_t{1} << 40, 1);
+  EXPECT_EQ(tiny.count, uint64_t{1} << 40);
+  EXPECT_EQ(tiny.numel(tiny.count - 1), 1u);
+  EXPECT_THROW((void)cut_sub_groups(10, 0), std::invalid_argument);
 }
 
 }  // namespace

@@ -6,8 +6,12 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 
+#include "engine/engine.h"
+#include "engine/memory_plan.h"
+#include "engine/model/llama.h"
 #include "tests/common/temp_dir.h"
 
 namespace zinf::tools {
@@ -64,6 +68,38 @@ TEST(TrainConfig, SwappedParamNumelsAreTheLayersOnly) {
     for (uint64_t n : llama_swapped_param_numels(model)) total += n;
     // Per layer: two norms (h), q/k/v/o (h^2), gate/up/down (h x inter).
     EXPECT_EQ(total, 2u * (2 * 32 + 4 * 32 * 32 + 3 * 32 * 88));
+  }
+}
+
+// `zinf estimate` and the start-up check plan from the model's shapes (llama_plan_inputs);
+// the Engine plans from the module it was given. The two agree on every tier, tied or not
+// (a tied embedding and head park one gradient in pinned memory: zero/tied_grads.h).
+TEST(TrainConfig, TheEstimatedPlanIsTheEnginesOwn) {
+  ::zinf::testing::TempDir dir;
+  for (const bool tied : {true, false}) {
+    SCOPED_TRACE(tied ? "tied embeddings" : "untied lm_head");
+    const engine::LlamaConfig model = wide_vocab(tied);
+    const config::RunConfig c =
+        resolve_run_config(nvme_params(dir.path(), 1500), "test", {}, model, nullptr);
+    constexpr int64_t kSeq = 16;
+    const int64_t micro = c.batch.micro_batch_per_gpu.value_or(1);
+    const engine::MemoryPlan estimated =
+        engine::plan_memory(llama_plan_inputs(model, c, 1, micro, kSeq));
+    engine::EngineOptions o = engine_options(c, zero::LaunchEnv{}, kSeq, 1);
+    o.activations = engine::llama_activations(model, micro, kSeq, 4);
+    o.steps_per_print = 0;
+    auto module = std::make_shared<engine::LlamaModelImpl>(model);
+    engine::Engine engine(module, o, [](const std::string& name, at::Tensor& full) {
+      engine::init_parameter(1, name, full);
+    });
+    const engine::MemoryPlan& built = engine.plan();
+    EXPECT_EQ(estimated.pinned, built.pinned);
+    EXPECT_EQ(estimated.device_total(), built.device_total());
+    EXPECT_EQ(estimated.host, built.host);
+    EXPECT_EQ(estimated.nvme, built.nvme);
+    if (tied) {
+      EXPECT_EQ(engine.zero_model().stats().pinned_bytes, built.pinned);
+    }
   }
 }
 

@@ -93,6 +93,20 @@ TEST(TiedGradRouter, HooksOfAFinishedBackwardLeaveTheGradientToAutograd) {
   EXPECT_TRUE(at::equal(w.grad(), at::full({3, 3}, 5.0)));
 }
 
+TEST(TiedGradRouter, AGraphThatOutlivesTheRouterKeepsAutogradsGradient) {
+  const at::Tensor w = leaf({3, 2});
+  const at::Tensor loss = (w * 2).sum() + (w * 3).sum();
+  {
+    TiedGradRouter router({{0, w, 24}}, [](size_t, const at::Tensor&) {
+      ADD_FAILURE() << "delivered by a router that is gone";
+    });
+    router.route(loss);
+    EXPECT_TRUE(router.routed(0));
+  }
+  loss.backward();
+  EXPECT_TRUE(at::equal(w.grad(), at::full({3, 2}, 5.0)));
+}
+
 TEST(TiedGradRouter, ADetachedUseIsNoUse) {
   // w * 0 reaches w's accumulator (with zeros); a use through a detached tensor does not
   // reach it at all: two routed uses, and their sum delivered.
