@@ -3,9 +3,9 @@
 // the formula as before (the same values, bit for bit); what changes is what is saved:
 //
 // rms_norm(x, weight, eps) = (x * rsqrt(mean(x^2, -1) + eps)) * weight, in fp32, rounded to
-//   x's dtype. Autograd's chain of that formula keeps at least two more tensors the size of x
-//   in fp32 until the norm's backward, the normalised rows among them (and an fp32 copy of a
-//   16-bit x): FusedOps.KeepLessForTheBackwardThanAutogradsChain measures it. This keeps x
+//   x's dtype. Autograd's chain of that formula keeps the normalised rows (fp32, the size of
+//   x) until the norm's backward, and LibTorch 1.13's one more tensor that size (an fp32 copy
+//   of a 16-bit x besides): FusedOps.KeepLessForTheBackwardThanAutogradsChain. This keeps x
 //   (alive anyway: the residual stream) and one fp32 scale per row, and the backward
 //   recomputes the normalised rows. Its gradients are the closed form
 //   dx = r * (g - n * mean(g * n, -1)), dw = sum(dy * n) with n the normalised rows,
@@ -16,9 +16,9 @@
 //   (the same values as autograd's: the same kernels in the same order), holding two
 //   gradients the size of gate at once instead of three.
 //
-// On a layer of 4096 tokens of the SmolLM-135M shape the two norms (18 MiB each) and
-// silu(gate) (24 MiB) no longer held: 60 MiB less on the device at the peak of its backward
-// (bench/long_seq).
+// On a layer of 4096 tokens of the SmolLM-135M shape, with LibTorch 1.13, the two norms
+// (18 MiB each) and silu(gate) (24 MiB) no longer held: 60 MiB less on the device at the peak
+// of its backward (bench/long_seq).
 //
 // Thread safety: reentrant (ATen ops only).
 #pragma once

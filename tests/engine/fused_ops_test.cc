@@ -101,8 +101,8 @@ TEST(FusedOps, SwigluEqualsAutogradsChainBitForBit) {
 }
 
 // What stays alive between the forward and the backward: x and a scale per row for the
-// norm (autograd: three more tensors the size of x), gate and up for swiglu (autograd: one
-// more).
+// norm (autograd's chain: the normalised rows too, and on LibTorch 1.13 one more tensor the
+// size of x), gate and up for swiglu (autograd: silu(gate) too).
 TEST(FusedOps, KeepLessForTheBackwardThanAutogradsChain) {
   track_compute_memory();
   constexpr int64_t kRows = 512, kDim = 256;
@@ -123,7 +123,9 @@ TEST(FusedOps, KeepLessForTheBackwardThanAutogradsChain) {
       kept([](const std::vector<at::Tensor>& in) { return reference_rms_norm(in[0], in[1], 1e-6); },
            {at::randn({kRows, kDim}), w.clone()});
   EXPECT_LT(norm, size + size / 8) << "the output and the row scales";
-  EXPECT_GE(norm_chain, norm + 2 * size);
+  // The normalised rows at least: LibTorch 2.11's chain keeps them besides its output, 1.13's
+  // one more tensor of x's size.
+  EXPECT_GE(norm_chain, norm + size);
   const uint64_t glu = kept([](const std::vector<at::Tensor>& in) { return swiglu(in[0], in[1]); },
                             {at::randn({kRows, kDim}), at::randn({kRows, kDim})});
   const uint64_t glu_chain =
