@@ -79,7 +79,7 @@ std::vector<PlanParam> describe_parameters(torch::nn::Module& root) {
   std::vector<PlanParam> params;
   for (const auto& p : d.params) {
     params.push_back({static_cast<uint64_t>(p.tensor.numel()), p.tensor.requires_grad(),
-                      !p.blocks.empty(), p.outside_use, p.outside_names >= 2});
+                      !p.blocks.empty(), p.outside_use, p.tied_outside()});
   }
   return params;
 }

@@ -13,7 +13,7 @@ namespace zinf::offload {
 
 class CpuTierBudget {
  public:
-  explicit CpuTierBudget(uint64_t max_in_cpu) noexcept : left_(max_in_cpu) {}
+  explicit CpuTierBudget(uint64_t max_in_cpu) noexcept : max_(max_in_cpu), left_(max_in_cpu) {}
 
   // Whether a partition of `numel` elements, added next, stays in CPU memory.
   [[nodiscard]] bool fits(uint64_t numel) const noexcept { return numel <= left_; }
@@ -25,8 +25,11 @@ class CpuTierBudget {
     take(numel);
     return true;
   }
+  // Elements placed in CPU memory so far.
+  [[nodiscard]] uint64_t used() const noexcept { return max_ - left_; }
 
  private:
+  uint64_t max_;
   uint64_t left_;
 };
 

@@ -109,7 +109,6 @@ ParamId ParamSwapper::add(uint64_t numel, const void* initial) {
     std::memcpy(p.cpu->data(), initial, bytes);
     partitions_.push_back(std::move(p));
     cpu_budget_.take(numel);
-    cpu_elements_ += numel;
     counters_.add_cpu_written(bytes);
     return static_cast<ParamId>(partitions_.size() - 1);
   }

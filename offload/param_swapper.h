@@ -150,7 +150,7 @@ class ParamSwapper {
   void read(ParamId id, void* dst);
 
   [[nodiscard]] const ParamSwapperConfig& config() const noexcept { return config_; }
-  [[nodiscard]] uint64_t cpu_elements() const noexcept { return cpu_elements_; }
+  [[nodiscard]] uint64_t cpu_elements() const noexcept { return cpu_budget_.used(); }
   [[nodiscard]] uint64_t pinned_bytes() const noexcept;
   [[nodiscard]] OffloadCounters counters() const;
   // Swap-ins and prefetches served from buffers kept by release_cached(), and the NVMe
@@ -215,8 +215,7 @@ class ParamSwapper {
   QueuePtr batch_;
   std::vector<ParamId> batch_ids_;                // partitions with writes in batch_
   CpuTierBudget cpu_budget_{config_.max_in_cpu};  // after config_
-  uint64_t cpu_elements_ = 0;
-  uint64_t cache_clock_ = 0;  // last Partition::cached_at given
+  uint64_t cache_clock_ = 0;                      // last Partition::cached_at given
   Counters counters_;
   std::atomic<uint64_t> cache_hits_{0};
   std::atomic<uint64_t> cache_bytes_saved_{0};

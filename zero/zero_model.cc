@@ -161,7 +161,7 @@ void ZeroModel::collect(torch::nn::Module& root) {
     p.var = described.tensor;
     p.blocks = std::move(described.blocks);
     p.outside_use = described.outside_use;
-    p.tied_outside = described.outside_names >= 2;
+    p.tied_outside = described.tied_outside();
     for (size_t b : p.blocks) {
       blocks_[b].params.push_back(params_.size());
       blocks_[b].tensors.push_back(p.var);

@@ -63,7 +63,10 @@ struct ModelDescription {
     torch::Tensor tensor;
     std::vector<size_t> blocks;  // indices into `blocks`
     bool outside_use = false;    // registered under a module outside every block
-    int outside_names = 0;       // of its names, those outside every block (2: tied)
+    int outside_names = 0;       // of its names, those outside every block
+    // Shared by two or more modules outside the blocks (a tied embedding and head): its
+    // gradient is routed between uses (zero/tied_grads.h), and the plan counts the buffer.
+    [[nodiscard]] bool tied_outside() const noexcept { return outside_names >= 2; }
   };
   std::vector<ZeroBlockImpl*> blocks;
   std::vector<std::string> block_paths;
