@@ -2,30 +2,20 @@
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
-#include <sys/file.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <exception>
-#include <fstream>
-#include <iterator>
-#include <optional>
-#include <sstream>
 #include <string>
 #include <utility>
 
-#include "aio/error.h"
 #include "aio/pinned_buffer.h"
 #include "offload/error.h"
+#include "offload/mount_info.h"
 
 namespace zinf::offload {
 namespace {
@@ -36,34 +26,7 @@ uint64_t round_up(uint64_t bytes) {
   return (bytes + kExtentAlignment - 1) / kExtentAlignment * kExtentAlignment;
 }
 
-uint64_t hash_of(const void* data, uint64_t bytes) { return XXH3_64bits(data, bytes); }
-
 std::string errno_text(int error) { return std::string(std::strerror(error)); }
-
-std::string hex(uint64_t value) {
-  char text[19];
-  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(value));
-  return text;
-}
-
-// mkdir that accepts an existing directory; throws kIo otherwise.
-// Creates `path` (a directory) unless it exists. Returns 0 or the errno of the failure.
-int try_make_directory(const std::string& path) {
-  if (::mkdir(path.c_str(), 0755) == 0) {
-    return 0;
-  }
-  const int error = errno;
-  struct stat st {};
-  if (error == EEXIST && ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    return 0;
-  }
-  return error;
-}
-
-// A store's last step at exit removes zinf_swap/ and rank<r>/ when they are empty, so another
-// process (or store) may remove a folder between our mkdir and the next step inside it. That
-// shows as ENOENT, and the whole sequence is retried this many times.
-constexpr int kFolderRaceRetries = 1000;
 
 std::atomic<FallocateFunction> g_fallocate_function{nullptr};
 
@@ -79,349 +42,11 @@ int call_fallocate(int fd, uint64_t offset, uint64_t length) {
   return rc == 0 ? 0 : -errno;
 }
 
-// Undoes the octal escapes (\040 for a space, ...) of a /proc/self/mountinfo field.
-std::string unescape_mount_field(const std::string& field) {
-  std::string out;
-  for (size_t i = 0; i < field.size(); ++i) {
-    const auto octal = [&](size_t at) { return field[at] >= '0' && field[at] <= '7'; };
-    if (field[i] == '\\' && i + 3 < field.size() && octal(i + 1) && octal(i + 2) && octal(i + 3)) {
-      out.push_back(static_cast<char>((field[i + 1] - '0') * 64 + (field[i + 2] - '0') * 8 +
-                                      (field[i + 3] - '0')));
-      i += 3;
-    } else {
-      out.push_back(field[i]);
-    }
-  }
-  return out;
-}
-
-// "ext4 at /mnt/nvme": the type and mount point of the file system holding `path`, from
-// /proc/self/mountinfo (the longest mount point containing it); the statfs magic number
-// when that file cannot be read.
-std::string describe_filesystem(const std::string& path, int fd) {
-  std::string resolved = path;
-  if (char* real = ::realpath(path.c_str(), nullptr)) {
-    resolved = real;
-    std::free(real);  // NOLINT(cppcoreguidelines-no-malloc): realpath's contract
-  }
-  std::ifstream mountinfo("/proc/self/mountinfo");
-  std::string line;
-  std::string best_point;
-  std::string best_type;
-  while (std::getline(mountinfo, line)) {
-    // id parent major:minor root mount-point options [optional...] - type source super
-    std::istringstream fields(line);
-    std::string field;
-    std::string point;
-    for (int i = 0; i < 5 && fields >> field; ++i) {
-      point = field;
-    }
-    while (fields >> field && field != "-") {
-    }
-    std::string type;
-    if (!(fields >> type)) {
-      continue;
-    }
-    point = unescape_mount_field(point);
-    const bool contains = point == "/" || resolved == point ||
-                          (resolved.compare(0, point.size(), point) == 0 &&
-                           resolved.size() > point.size() && resolved[point.size()] == '/');
-    if (contains && point.size() >= best_point.size()) {
-      best_point = point;
-      best_type = type;
-    }
-  }
-  if (!best_type.empty()) {
-    return best_type + " at " + best_point;
-  }
-  struct statfs fs {};
-  if (::fstatfs(fd, &fs) == 0) {
-    char magic[32];
-    std::snprintf(magic, sizeof(magic), "0x%llx",
-                  static_cast<unsigned long long>(fs.f_type));  // NOLINT(google-runtime-int)
-    return std::string("file system type ") + magic;
-  }
-  return "unknown file system";
-}
-
 }  // namespace
 
 void set_fallocate_function_for_testing(FallocateFunction function) {
   g_fallocate_function.store(function, std::memory_order_release);
 }
-
-// ---- Queue ---------------------------------------------------------------------------
-
-NvmeStore::Queue::Queue(NvmeStore& store) : store_(store), lanes_(store.devices_.size()) {
-  for (Lane& lane : lanes_) {
-    lane.io = make_handle();
-  }
-}
-
-std::unique_ptr<aio::AioHandle> NvmeStore::Queue::make_handle() const {
-  return store_.config_.backend_factory
-             ? std::make_unique<aio::AioHandle>(store_.config_.aio, store_.config_.backend_factory)
-             : std::make_unique<aio::AioHandle>(store_.config_.aio);
-}
-
-aio::AioHandle& NvmeStore::Queue::handle(size_t device) {
-  Lane& lane = lanes_[device];
-  if (!lane.io) {
-    lane.io = make_handle();
-    if (!registered_.empty()) {
-      (void)lane.io->register_buffers(registered_);  // transfers work either way
-    }
-  }
-  return *lane.io;
-}
-
-void NvmeStore::Queue::submit(bool is_write, void* buffer, uint64_t bytes, uint64_t offset,
-                              size_t& queued) {
-  const size_t n = lanes_.size();
-  auto* memory = static_cast<std::byte*>(buffer);
-  const auto queue_piece = [&](size_t device, uint64_t piece, uint64_t file_offset) {
-    const std::string& path = store_.devices_[device].path;
-    if (is_write) {
-      handle(device).async_pwrite(memory, piece, path, file_offset);
-    } else {
-      handle(device).async_pread(memory, piece, path, file_offset);
-    }
-    ++queued;
-  };
-  if (n == 1) {
-    queue_piece(0, bytes, offset);  // the logical offset is the file offset
-    return;
-  }
-  // Stripe unit k of the logical space lies in file k mod n, at (k div n) * unit.
-  const uint64_t unit = store_.config_.stripe_bytes;
-  while (bytes > 0) {
-    const uint64_t k = offset / unit;
-    const uint64_t within = offset % unit;
-    const uint64_t piece = std::min(bytes, unit - within);
-    queue_piece(static_cast<size_t>(k % n), piece, (k / n) * unit + within);
-    memory += piece;
-    offset += piece;
-    bytes -= piece;
-  }
-}
-
-NvmeStore::Queue::~Queue() {
-  if (pending_.empty()) {
-    return;
-  }
-  try {
-    wait();  // never abandon buffers the kernel may still write
-  } catch (const std::exception& e) {
-    spdlog::error("zinf offload: swap transfers abandoned at queue destruction: {}", e.what());
-  }
-}
-
-void NvmeStore::Queue::async_read(ExtentId id, void* buffer) {
-  uint64_t bytes = 0;
-  {
-    std::lock_guard lock(store_.mutex_);
-    bytes = store_.extents_.size() > id ? store_.extents_[id].info.bytes : 0;
-  }
-  async_transfer(id, 0, bytes, buffer, /*is_write=*/false);
-}
-
-void NvmeStore::Queue::async_write(ExtentId id, const void* buffer) {
-  uint64_t bytes = 0;
-  {
-    std::lock_guard lock(store_.mutex_);
-    bytes = store_.extents_.size() > id ? store_.extents_[id].info.bytes : 0;
-  }
-  async_transfer(id, 0, bytes, const_cast<void*>(buffer), /*is_write=*/true);
-}
-
-void NvmeStore::Queue::async_transfer(ExtentId id, uint64_t offset, uint64_t bytes, void* buffer,
-                                      bool is_write) {
-  Pending pending{id, is_write, buffer, offset, bytes, 0, false, 0};
-  {
-    std::lock_guard lock(store_.mutex_);
-    Extent& extent = store_.checked(id, offset, bytes, is_write ? "write" : "read");
-    pending.file_offset = extent.info.file_offset + offset;
-    const bool whole = offset == 0 && bytes == extent.info.bytes;
-    if (is_write) {
-      if (!whole && extent.state != ExtentState::kValid) {
-        throw OffloadError(ErrorKind::kUsage,
-                           "partial write to an extent without valid contents in " + store_.label_ +
-                               " at offset " + std::to_string(extent.info.file_offset));
-      }
-      store_.reserve_locked(extent.info.file_offset + extent.info.capacity);
-      extent.in_flight_write = true;
-    } else {
-      if (extent.state == ExtentState::kEmpty) {
-        throw OffloadError(ErrorKind::kUsage, "read of a never-written extent in " + store_.label_ +
-                                                  " at offset " +
-                                                  std::to_string(extent.info.file_offset));
-      }
-      if (extent.state == ExtentState::kTorn) {
-        throw OffloadError(ErrorKind::kCorrupt,
-                           "extent in swap file " + store_.label_ + " at offset " +
-                               std::to_string(extent.info.file_offset) + " (" +
-                               std::to_string(extent.info.bytes) +
-                               " bytes) is torn: its last write did not complete");
-      }
-      if (store_.config_.checksums && whole) {
-        pending.verify = true;
-        pending.checksum = extent.checksum;
-      }
-    }
-  }
-  if (is_write && store_.config_.checksums) {
-    pending.checksum = hash_of(buffer, bytes);  // the source must stay untouched until wait
-  }
-  pending_.push_back(pending);
-  size_t queued = 0;
-  try {
-    submit(is_write, buffer, bytes, pending.file_offset, queued);
-  } catch (const std::exception& e) {
-    if (queued > 0) {  // some pieces are in flight already: wait() must collect them
-      if (!submit_error_) {
-        submit_error_ = "queueing a transfer on swap file(s) " + store_.label_ + " at offset " +
-                        std::to_string(pending.file_offset) + " failed: " + e.what();
-      }
-      return;
-    }
-    pending_.pop_back();
-    if (is_write) {
-      std::lock_guard lock(store_.mutex_);
-      store_.extents_[id].in_flight_write = false;
-    }
-    throw;
-  }
-}
-
-void NvmeStore::Queue::wait() {
-  std::optional<OffloadError> error;
-  if (submit_error_) {
-    error.emplace(ErrorKind::kIo, *submit_error_);
-    submit_error_.reset();
-  }
-  uint64_t requests = 0;
-  uint64_t fixed_requests = 0;
-  bool buffered = false;
-  for (size_t i = 0; i < lanes_.size(); ++i) {
-    Lane& lane = lanes_[i];
-    if (!lane.io) {
-      continue;  // replaced after a failure, and nothing queued on it since
-    }
-    bool failed = false;
-    try {
-      (void)lane.io->wait();
-    } catch (const aio::IoError& e) {
-      failed = true;
-      std::string message = std::string("I/O error on swap file: ") + e.what();
-      if (e.error() == ENOSPC) {
-        std::lock_guard lock(store_.mutex_);
-        message += store_.devices_[i].no_fallocate
-                       ? "; the file system has no fallocate, so the swap file's space could "
-                         "not be reserved in advance: free space there or choose another "
-                         "nvme_path"
-                       : "; the file system is full";
-      }
-      if (!error) {
-        error.emplace(ErrorKind::kIo, message);
-      }
-    } catch (const std::exception& e) {
-      failed = true;
-      if (!error) {
-        error.emplace(ErrorKind::kIo,
-                      "I/O error on swap file " + store_.devices_[i].path + ": " + e.what());
-      }
-    }
-    const aio::AioStats io_stats = lane.io->stats();
-    requests += io_stats.requests - lane.reported.requests;
-    fixed_requests += io_stats.fixed_requests - lane.reported.fixed_requests;
-    lane.reported = io_stats;
-    // Whether the file went buffered is known once this handle has opened it.
-    if (!lane.checked_buffered && !pending_.empty()) {
-      lane.checked_buffered = true;
-      buffered = buffered || !lane.io->buffered_paths().empty();
-    }
-    if (failed) {
-      // Whether the engine broke, a request timed out or one request failed cannot be told
-      // apart reliably from here: the handle is replaced in every case (it has nothing in
-      // flight now), so a broken engine never serves a later transfer.
-      spdlog::warn("zinf offload: replacing the aio handle of a queue on {} after an error",
-                   store_.devices_[i].path);
-      lane = Lane{};
-    }
-  }
-  // Verify reads outside the store's lock: hashing is the expensive part.
-  if (!error) {
-    for (const Pending& p : pending_) {
-      if (p.is_write || !p.verify) {
-        continue;
-      }
-      const uint64_t actual = hash_of(p.buffer, p.bytes);
-      if (actual != p.checksum) {
-        error.emplace(ErrorKind::kCorrupt,
-                      "checksum mismatch in swap file " + store_.label_ + " at offset " +
-                          std::to_string(p.file_offset) + " (" + std::to_string(p.bytes) +
-                          " bytes): written xxh3 " + hex(p.checksum) + ", read " + hex(actual));
-        break;
-      }
-    }
-  }
-  {
-    std::lock_guard lock(store_.mutex_);
-    store_.buffered_ = store_.buffered_ || buffered;
-    store_.io_requests_ += requests;
-    store_.fixed_io_requests_ += fixed_requests;
-    for (const Pending& p : pending_) {
-      Extent& extent = store_.extents_[p.id];
-      if (p.is_write) {
-        extent.in_flight_write = false;
-        if (error && error->kind() == ErrorKind::kIo) {
-          extent.state = ExtentState::kTorn;  // which write failed is unknown: all suspect
-        } else {
-          extent.state = ExtentState::kValid;
-          if (p.offset == 0 && p.bytes == extent.info.bytes) {
-            extent.checksum = p.checksum;
-          }
-          store_.bytes_written_ += p.bytes;
-          ++store_.writes_;
-        }
-      } else if (!error) {
-        store_.bytes_read_ += p.bytes;
-        ++store_.reads_;
-      }
-    }
-  }
-  pending_.clear();
-  if (error) {
-    throw *error;
-  }
-}
-
-bool NvmeStore::Queue::register_buffers(std::span<const std::pair<void*, size_t>> ranges) {
-  bool fixed = true;
-  for (size_t i = 0; i < lanes_.size(); ++i) {
-    fixed = handle(i).register_buffers(ranges) && fixed;
-  }
-  for (const auto& range : ranges) {
-    if (std::find(registered_.begin(), registered_.end(), range) == registered_.end()) {
-      registered_.push_back(range);
-    }
-  }
-  return fixed;
-}
-
-void NvmeStore::Queue::unregister_buffers(std::span<const std::pair<void*, size_t>> ranges) {
-  for (const auto& range : ranges) {
-    registered_.erase(std::remove(registered_.begin(), registered_.end(), range),
-                      registered_.end());
-  }
-  for (Lane& lane : lanes_) {
-    if (lane.io) {
-      lane.io->unregister_buffers(ranges);
-    }
-  }
-}
-
-// ---- NvmeStore -------------------------------------------------------------------------
 
 NvmeStore::NvmeStore(NvmeStoreConfig config) : config_(std::move(config)) {
   std::vector<std::string> folders = config_.nvme_paths;
@@ -460,14 +85,14 @@ NvmeStore::NvmeStore(NvmeStoreConfig config) : config_(std::move(config)) {
                                                    " twice (as " + devices_[j].nvme_path + ")");
       }
     }
-    device.directory = device.nvme_path + "/zinf_swap/rank" + std::to_string(config_.rank);
-    device.path = device.directory + "/" + config_.name + ".swp";
-    device.lock_path = device.directory + "/" + config_.name + ".lock";
+    name_swap_folder(device, config_.rank, config_.name);
     label_ += (i == 0 ? "" : ", ") + device.path;
   }
   try {
     for (Device& device : devices_) {
-      take_lock_and_replace_stale(device);
+      if (take_swap_folder(device)) {
+        replaced_stale_ = true;
+      }
     }
     sync_queue_ = make_queue();
   } catch (...) {
@@ -501,94 +126,7 @@ std::vector<std::string> NvmeStore::directories() const {
 
 void NvmeStore::remove_files() noexcept {
   for (Device& device : devices_) {
-    device.file_fd.reset();
-    if (!device.lock_fd) {
-      // Not ours (another live process holds it) or never taken: only directories we
-      // made and left empty go.
-      ::rmdir(device.directory.c_str());
-      ::rmdir((device.nvme_path + "/zinf_swap").c_str());
-      continue;
-    }
-    ::unlink(device.path.c_str());
-    // Unlinked while still locked: a process that opened the old lock file meanwhile finds
-    // it unlinked once it gets the lock, and retries (take_lock_and_replace_stale).
-    ::unlink(device.lock_path.c_str());
-    device.lock_fd.reset();
-    // Removed only when empty: other stores (of this process or another) may live there.
-    ::rmdir(device.directory.c_str());
-    ::rmdir((device.nvme_path + "/zinf_swap").c_str());
-  }
-}
-
-void NvmeStore::take_lock_and_replace_stale(Device& device) {
-  const std::string& lock_path = device.lock_path;
-  const std::string& path = device.path;
-  const std::string parent = device.nvme_path + "/zinf_swap";
-  for (int attempt = 1;; ++attempt) {
-    // The folders, then the lock file in them (which keeps rank<r>/ from being removed as
-    // empty); a folder removed meanwhile by another store's exit shows as ENOENT: again.
-    const bool may_retry = attempt < kFolderRaceRetries;
-    for (const std::string& folder : {parent, device.directory}) {
-      const int error = try_make_directory(folder);
-      if (error == ENOENT && may_retry) {
-        break;
-      }
-      if (error != 0) {
-        throw OffloadError(ErrorKind::kIo,
-                           "cannot create swap directory " + folder + ": " + errno_text(error));
-      }
-    }
-    aio::UniqueFd fd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
-    if (!fd) {
-      const int error = errno;
-      if (error == ENOENT && may_retry) {
-        continue;
-      }
-      throw OffloadError(ErrorKind::kIo,
-                         "cannot open swap lock file " + lock_path + ": " + errno_text(error));
-    }
-    int rc = 0;
-    do {
-      rc = ::flock(fd.get(), LOCK_EX | LOCK_NB);
-    } while (rc != 0 && errno == EINTR);
-    if (rc != 0) {
-      const int error = errno;
-      throw OffloadError(ErrorKind::kIo, "swap file " + path +
-                                             " is in use by another live process (lock " +
-                                             lock_path + ": " + errno_text(error) +
-                                             "); give each run its own nvme_path or rank");
-    }
-    // The lock is ours only if the file we locked is still the one at lock_path: its
-    // previous owner unlinks it at exit, possibly between our open and our flock.
-    struct stat locked {};
-    struct stat current {};
-    if (::fstat(fd.get(), &locked) != 0) {
-      throw OffloadError(ErrorKind::kIo,
-                         "fstat of swap lock file " + lock_path + " failed: " + errno_text(errno));
-    }
-    if (::stat(lock_path.c_str(), &current) == 0 && current.st_dev == locked.st_dev &&
-        current.st_ino == locked.st_ino) {
-      device.lock_fd = std::move(fd);
-      break;
-    }
-  }
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0) {
-    replaced_stale_ = true;
-    spdlog::warn(
-        "zinf offload: {} ({} bytes) is left over from a run that did not exit cleanly; "
-        "replacing it",
-        path, static_cast<uint64_t>(st.st_size));
-    if (::unlink(path.c_str()) != 0) {
-      throw OffloadError(ErrorKind::kIo,
-                         "cannot remove stale swap file " + path + ": " + errno_text(errno));
-    }
-  }
-  device.file_fd =
-      aio::UniqueFd(::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!device.file_fd) {
-    throw OffloadError(ErrorKind::kIo,
-                       "cannot create swap file " + path + ": " + errno_text(errno));
+    remove_swap_folder(device);
   }
 }
 
@@ -619,21 +157,7 @@ ExtentId NvmeStore::allocate(uint64_t bytes) {
   }
   const uint64_t capacity = round_up(bytes);
   std::lock_guard lock(mutex_);
-  uint64_t offset = end_;
-  for (auto it = free_spans_.begin(); it != free_spans_.end(); ++it) {
-    if (it->second >= capacity) {
-      offset = it->first;
-      const uint64_t rest = it->second - capacity;
-      free_spans_.erase(it);
-      if (rest > 0) {
-        free_spans_.emplace(offset + capacity, rest);
-      }
-      break;
-    }
-  }
-  if (offset == end_) {
-    end_ += capacity;
-  }
+  const uint64_t offset = spans_.take(capacity);
   Extent extent;
   extent.info = {offset, bytes, capacity};
   extent.state = ExtentState::kEmpty;
@@ -645,31 +169,13 @@ void NvmeStore::free(ExtentId id) {
   std::lock_guard lock(mutex_);
   Extent& extent = checked(id, 0, 0, "free");
   extent.state = ExtentState::kFree;
-  uint64_t offset = extent.info.file_offset;
-  uint64_t capacity = extent.info.capacity;
-  // Merge with the neighbouring free spans.
-  auto next = free_spans_.lower_bound(offset);
-  if (next != free_spans_.end() && next->first == offset + capacity) {
-    capacity += next->second;
-    next = free_spans_.erase(next);
-  }
-  if (next != free_spans_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second == offset) {
-      offset = prev->first;
-      capacity += prev->second;
-      free_spans_.erase(prev);
-    }
-  }
-  if (offset + capacity < end_) {
-    free_spans_.emplace(offset, capacity);
+  if (!spans_.give_back(extent.info.file_offset, extent.info.capacity)) {
     return;
   }
-  // The free span is the tail: the allocated span ends before it, so later space checks no
+  // The free span was the tail: the allocated span ends before it, so later space checks no
   // longer count it, and its reserved bytes go back to the file system.
-  end_ = offset;
-  if (reserved_ > end_) {
-    shrink_files_locked(end_);
+  if (reserved_ > spans_.end()) {
+    shrink_files_locked(spans_.end());
   }
 }
 
@@ -684,7 +190,7 @@ ExtentInfo NvmeStore::extent(ExtentId id) const {
 
 void NvmeStore::reserve() {
   std::lock_guard lock(mutex_);
-  reserve_locked(end_);
+  reserve_locked(spans_.end());
 }
 
 uint64_t NvmeStore::device_bytes(size_t device, uint64_t logical_end) const noexcept {
@@ -715,17 +221,18 @@ void NvmeStore::shrink_files_locked(uint64_t logical_end) noexcept {
 }
 
 void NvmeStore::reserve_locked(uint64_t needed_end) {
-  if (needed_end <= reserved_ || end_ <= reserved_) {
+  const uint64_t end = spans_.end();
+  if (needed_end <= reserved_ || end <= reserved_) {
     return;  // already reserved: nothing can take this space any more
   }
   // Everything allocated at once when it fits (one fallocate per file, and a full disk shows
   // up at the first write); else only what this transfer needs, so one allocation that does
   // not fit does not stop the extents that do.
   std::string failure;
-  if (try_reserve_locked(end_, failure)) {
+  if (try_reserve_locked(end, failure)) {
     return;
   }
-  if (needed_end < end_ && try_reserve_locked(needed_end, failure)) {
+  if (needed_end < end && try_reserve_locked(needed_end, failure)) {
     return;
   }
   throw OffloadError(ErrorKind::kSpace, "not enough free space for swap file " + failure);
@@ -876,7 +383,7 @@ NvmeStoreStats NvmeStore::stats() const {
     stats.writes = writes_;
     stats.io_requests = io_requests_;
     stats.fixed_io_requests = fixed_io_requests_;
-    stats.file_bytes = end_;
+    stats.file_bytes = spans_.end();
     stats.reserved_bytes = reserved_;
     stats.buffered = buffered_;
     for (const Device& device : devices_) {

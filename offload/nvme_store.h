@@ -1,9 +1,10 @@
 // NvmeStore: one rank's swap file for tensors offloaded to NVMe, cut into extents.
 //
-// The file is `<nvme_path>/zinf_swap/rank<r>/<name>.swp`. Extents are handed out by a
-// first-fit allocator (freed extents are reused, neighbours merged) at offsets and
-// capacities that are multiples of 4096 bytes, so every transfer is O_DIRECT-ready; the
-// bytes move through aio::AioHandle (io_uring/libaio/psync, buffered fallback on tmpfs).
+// The file is `<nvme_path>/zinf_swap/rank<r>/<name>.swp` (offload/swap_folder.h). Extents are
+// handed out by a first-fit allocator (offload/extent_allocator.h: freed extents are reused,
+// neighbours merged) at offsets and capacities that are multiples of 4096 bytes, so every
+// transfer is O_DIRECT-ready; the bytes move through aio::AioHandle (io_uring/libaio/psync,
+// buffered fallback on tmpfs). The queues' members live in offload/nvme_queue.cc.
 //
 // Striping (`nvme_paths`, several folders, e.g. one per drive): each folder gets its own
 // swap file (and lock) under <folder>/zinf_swap/rank<r>/, and every queue its own aio
@@ -47,7 +48,6 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -59,6 +59,9 @@
 #include "aio/config.h"
 #include "aio/file_cache.h"
 #include "aio/handle.h"
+#include "offload/error.h"
+#include "offload/extent_allocator.h"
+#include "offload/swap_folder.h"
 
 namespace zinf::offload {
 
@@ -167,6 +170,24 @@ class NvmeStore {
     // in `queued` those queued (the rest are not, when it throws).
     void submit(bool is_write, void* buffer, uint64_t bytes, uint64_t offset, size_t& queued);
 
+    // wait()'s steps, in this order. An `error` already set is the first error and stays:
+    // later steps only add one when there is none yet.
+    struct LaneTotals {  // what the lanes' handles did since the last wait()
+      uint64_t requests = 0;
+      uint64_t fixed_requests = 0;
+      bool buffered = false;  // a handle's file fell back to buffered I/O
+    };
+    // Waits for every lane's handle, adding up their new requests; a lane whose wait failed
+    // gets its handle dropped (one warning).
+    LaneTotals collect_lanes(std::optional<OffloadError>& error);
+    // Waits for lane `device`'s handle; returns whether it failed (recorded in `error`).
+    bool wait_lane(size_t device, std::optional<OffloadError>& error);
+    // Hashes each verified read's buffer; a mismatch sets `error` (kCorrupt).
+    void verify_reads(std::optional<OffloadError>& error) const;
+    // Under the store's lock: adds the totals to its counters, marks every write valid (with
+    // its checksum) or, after an I/O error, torn, and counts the reads when nothing failed.
+    void settle(const LaneTotals& totals, const std::optional<OffloadError>& error);
+
     // Per device of the store.
     struct Lane {
       std::unique_ptr<aio::AioHandle> io;  // null after a failure until the next transfer
@@ -247,17 +268,11 @@ class NvmeStore {
   // Bytes of logical [0, logical_end) that lie in device `device`'s file.
   [[nodiscard]] uint64_t device_bytes(size_t device, uint64_t logical_end) const noexcept;
 
-  // One swap folder: its file, lock and descriptors.
-  struct Device {
-    std::string nvme_path;  // the configured folder
-    std::string directory;  // <nvme_path>/zinf_swap/rank<r>
-    std::string path;       // the swap file
-    std::string lock_path;
-    aio::UniqueFd lock_fd;      // flock()ed while the store lives
-    aio::UniqueFd file_fd;      // kept open for fallocate
+  // One swap folder: its file, lock and descriptors (lock_fd flock()ed while the store
+  // lives, file_fd kept open for fallocate).
+  struct Device : SwapFolder {
     bool no_fallocate = false;  // guarded by mutex_: its reservations are ftruncates
   };
-  void take_lock_and_replace_stale(Device& device);
   // Removes the swap files, the lock files and the rank<r>/ and zinf_swap/ directories when
   // they are empty.
   void remove_files() noexcept;
@@ -267,19 +282,18 @@ class NvmeStore {
   std::string label_;            // the swap file(s), for messages
 
   mutable std::mutex mutex_;
-  std::vector<Extent> extents_;              // guarded by mutex_; index = ExtentId
-  std::map<uint64_t, uint64_t> free_spans_;  // guarded by mutex_: offset -> capacity
-  uint64_t end_ = 0;                         // guarded by mutex_: end of allocated span
-  uint64_t reserved_ = 0;                    // guarded by mutex_: bytes fallocated (the file
-                                             // size; > end_ only if shrinking it failed)
-  uint64_t bytes_read_ = 0;                  // guarded by mutex_
-  uint64_t bytes_written_ = 0;               // guarded by mutex_
-  uint64_t reads_ = 0;                       // guarded by mutex_
-  uint64_t writes_ = 0;                      // guarded by mutex_
-  uint64_t io_requests_ = 0;                 // guarded by mutex_
-  uint64_t fixed_io_requests_ = 0;           // guarded by mutex_
-  bool buffered_ = false;                    // guarded by mutex_: some queue fell back
-  bool replaced_stale_ = false;              // set in the constructor only
+  std::vector<Extent> extents_;     // guarded by mutex_; index = ExtentId
+  ExtentSpans spans_;               // guarded by mutex_: the extents' logical bytes
+  uint64_t reserved_ = 0;           // guarded by mutex_: bytes fallocated (the file
+                                    // size; > spans_.end() only if shrinking failed)
+  uint64_t bytes_read_ = 0;         // guarded by mutex_
+  uint64_t bytes_written_ = 0;      // guarded by mutex_
+  uint64_t reads_ = 0;              // guarded by mutex_
+  uint64_t writes_ = 0;             // guarded by mutex_
+  uint64_t io_requests_ = 0;        // guarded by mutex_
+  uint64_t fixed_io_requests_ = 0;  // guarded by mutex_
+  bool buffered_ = false;           // guarded by mutex_: some queue fell back
+  bool replaced_stale_ = false;     // set in the constructor only
 
   std::mutex sync_mutex_;
   std::unique_ptr<Queue> sync_queue_;  // guarded by sync_mutex_: the synchronous calls
