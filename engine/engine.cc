@@ -167,7 +167,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, EngineOptions options,
   in.params = describe_parameters(*module_);
   in.zero = options_.zero;
   in.world_size = comm_->world_size();
-  in.optimizer_states = static_cast<size_t>(optimizer_->state_arrays().count());
+  in.optimizer_states = optimizer_->state_arrays();
   in.activations = options_.activations;
   in.host_reads_device_memory = accelerator_->host_reads_device_memory();
   plan_ = plan_memory(in);

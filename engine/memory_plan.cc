@@ -4,26 +4,23 @@
 
 #include <algorithm>
 
-#include "offload/cpu_tier_budget.h"
+#include "offload/footprint.h"
+#include "offload/param_swapper.h"
 #include "offload/sub_groups.h"
+#include "zero/activation_offload.h"
+#include "zero/dtype_convert.h"
+#include "zero/grad_reducer.h"
+#include "zero/param_coordinator.h"
+#include "zero/param_store.h"
+#include "zero/partitioned_optimizer.h"
+#include "zero/tied_grads.h"
 
 namespace zinf::engine {
 namespace {
 
 using zero::OffloadTarget;
 
-constexpr uint64_t kPage = 4096;
-
-uint64_t round_page(uint64_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
-
-uint64_t precision_bytes(zero::Precision p) { return p == zero::Precision::kFloat32 ? 4 : 2; }
-
-uint64_t comm_bytes(const zero::ZeroConfig& z) {
-  const std::string& t = z.communication_data_type;
-  if (t == "fp32" || t == "float32" || t == "float") return 4;
-  if (!t.empty()) return 2;
-  return precision_bytes(z.precision);
-}
+uint64_t precision_bytes(zero::Precision p) { return zero::dtype_size(zero::compute_dtype(p)); }
 
 }  // namespace
 
@@ -41,167 +38,118 @@ std::string format_bytes(uint64_t bytes) {
   return fmt::format("{:.2f} {}", value, kUnits[unit]);
 }
 
-MemoryPlan plan_memory(const PlanInputs& in) {
-  const zero::ZeroConfig& z = in.zero;
-  MemoryPlan plan;
-  const uint64_t elem = precision_bytes(z.precision);
-  const bool stage0 = z.stage == 0;
-  const auto world = static_cast<uint64_t>(std::max(in.world_size, 1));
-  const uint64_t wl = stage0 ? 1 : world;        // the layout's world size
-  const size_t kinds = 2 + in.optimizer_states;  // params, grads, states
+namespace {
 
-  uint64_t largest_padded = 0, total_padded = 0, largest_numel = 0, largest_trainable = 0;
-  uint64_t managed_persistent = 0, managed_other = 0, persistent_budget = 0;
-  uint64_t largest_other = 0, count_other = 0;          // managed non-persistent parameters
-  offload::CpuTierBudget cpu_tier(z.param_max_in_cpu);  // ParamSwapper's, in add() order
+// The model's parameters as the layout sees them: the trainable ones (layout order), this
+// rank's slices, and which are managed by stage 3's coordinator (used only inside blocks).
+struct PlannedLayout {
+  std::vector<uint64_t> trainable;  // numels
+  std::vector<uint64_t> managed;    // numels of the managed ones, in order
+  std::vector<uint64_t> managed_slices;
+  uint64_t largest_numel = 0;  // of every parameter, frozen ones included
+};
+
+PlannedLayout lay_out(const PlanInputs& in, MemoryPlan& plan) {
+  const zero::ZeroConfig& z = in.zero;
+  const uint64_t elem = precision_bytes(z.precision);
+  const auto wl = static_cast<uint64_t>(z.stage == 0 ? 1 : std::max(in.world_size, 1));
+  PlannedLayout l;
   for (const PlanParam& p : in.params) {
-    largest_numel = std::max(largest_numel, p.numel);
+    l.largest_numel = std::max(l.largest_numel, p.numel);
     if (!p.trainable) {
       plan.device_resident += p.numel * elem;
       continue;
     }
-    largest_trainable = std::max(largest_trainable, p.numel);
-    if (p.tied_outside) {
-      plan.pinned += round_page(p.numel * elem);  // TiedGradRouter's parked sum
-    }
+    if (p.tied_outside) plan.pinned += zero::TiedGradRouter::pinned_bytes(p.numel * elem);
+    l.trainable.push_back(p.numel);
     plan.model_numel += p.numel;
-    const uint64_t slice = (p.numel + wl - 1) / wl;
+    const uint64_t slice = (p.numel + wl - 1) / wl;  // zero/partition.h
     plan.partition_numel += slice;
-    const uint64_t padded = stage0 ? p.numel : slice * world;
-    largest_padded = std::max(largest_padded, padded);
-    total_padded += padded;
-    const bool managed = z.stage == 3 && p.in_block && !p.outside_use;
-    if (!managed) {
+    if (z.stage == 3 && p.in_block && !p.outside_use) {
+      l.managed.push_back(p.numel);
+      l.managed_slices.push_back(slice);
+    } else {
       plan.device_resident += slice * wl * elem;
-      continue;
-    }
-    const bool persistent = p.numel <= z.param_persistence_threshold &&
-                            persistent_budget + p.numel <= z.model_persistence_threshold;
-    if (persistent) {
-      persistent_budget += p.numel;
-      managed_persistent += p.numel;
-    } else {
-      managed_other += p.numel;
-      largest_other = std::max(largest_other, p.numel);
-      ++count_other;
-    }
-    switch (z.offload_param) {
-      case OffloadTarget::kNone:
-        plan.device_slices += slice * elem;
-        break;
-      case OffloadTarget::kCpu:
-        plan.pinned += round_page(slice * elem);
-        break;
-      case OffloadTarget::kNvme:
-        if (cpu_tier.place(slice)) {
-          plan.pinned += round_page(slice * elem);
-        } else {
-          for (uint64_t done = 0; done < slice; done += z.param_buffer_size) {
-            plan.nvme += round_page(std::min(z.param_buffer_size, slice - done) * elem);
-          }
-        }
-        break;
     }
   }
+  return l;
+}
 
-  // Stage 3 gathered parameters: at most the live limit of non-persistent ones, plus the
-  // persistent ones. With offloaded params also the device copies the coordinator starts
-  // ahead of use (zero/param_coordinator.cc): every non-persistent parameter that begins
-  // less than 2 x stage3_prefetch_bucket_size elements ahead, so up to that window plus one
-  // parameter, not yet counted as live. The param pool does not bound them: it limits reads
-  // ahead only, a copy forces its read (zero/param_store.cc start_copy) and its device
-  // buffer stays until the parameter is released. The window opens from the second pass
-  // on (the first records the trace and fetches on demand), so a run of one micro-batch
-  // measures far less than this. One rank: a copy is the full parameter. Several
-  // ranks: a copy is a slice (ceil(numel / world) elements, hence + one element per
-  // parameter), and a slice stays until its all-gather completes, so besides the window's
-  // slices the live parameters' slices can all be there at once (a block's all-gathers are
-  // started together, zero/param_store.cc). Without offload the slices are resident
-  // (device_slices) and only the full parameters come and go.
-  if (managed_persistent + managed_other > 0) {
-    const uint64_t live = std::min(z.max_live_parameters, managed_other) + managed_persistent;
-    const bool offloaded = z.offload_param != OffloadTarget::kNone;
-    const uint64_t window =
-        offloaded && z.prefetch_bucket_size > 0
-            ? std::min(managed_other, 2 * z.prefetch_bucket_size - 1 + largest_other)
-            : 0;
-    if (world == 1) {
-      // Never more than every managed parameter at once.
-      const uint64_t all = managed_other + managed_persistent;
-      plan.device_gathered = offloaded ? std::min(live + window, all) * elem : 0;
-    } else {
-      const uint64_t in_flight = offloaded ? live + window : 0;
-      plan.device_gathered =
-          (live + (in_flight + world - 1) / world + std::min(count_other, in_flight)) * elem;
-    }
-    if (z.offload_param == OffloadTarget::kNvme) {
-      plan.pinned += z.param_buffer_count * round_page(z.param_buffer_size * elem);
-    }
-  }
-
-  // Gradient buckets (zero/grad_reducer.h).
-  if (world > 1) {
-    const uint64_t ce = comm_bytes(z);
-    const uint64_t cap = std::max(
-        largest_padded, std::min(std::max<uint64_t>(z.reduce_bucket_size, 1), total_padded));
-    const uint64_t slots = z.overlap_comm ? 2 : 1;
-    plan.device_buckets = cap * ce + slots * cap * ce;
-    if (!stage0 && z.reduce_scatter) {
-      plan.device_buckets += slots * (cap / world) * ce;
-    }
-    if (!in.host_reads_device_memory) {  // the bucket at stage 0, this rank's region otherwise
-      plan.pinned += round_page((stage0 ? cap : cap / world) * ce);
-    }
-  } else if (!in.host_reads_device_memory) {
-    plan.pinned += round_page(largest_trainable * sizeof(float));  // a whole gradient
-  }
-
-  // The optimizer's partition (zero/partitioned_optimizer.h, offload/optimizer_swapper.h).
-  const offload::SubGroupCut cut = offload::cut_sub_groups(plan.partition_numel, z.sub_group_size);
-  const uint64_t group = cut.largest();
-  const uint64_t arrays = plan.partition_numel * 4 * kinds;
-  switch (z.offload_optimizer) {
+// Stage 3's managed parameters: their slices where offload_param puts them (the param
+// swapper's footprint for nvme), and the full tensors the coordinator gathers.
+void plan_managed(const PlanInputs& in, const PlannedLayout& l, MemoryPlan& plan) {
+  const zero::ZeroConfig& z = in.zero;
+  if (l.managed.empty()) return;
+  const uint64_t elem = precision_bytes(z.precision);
+  uint64_t slices = 0;
+  for (const uint64_t s : l.managed_slices) slices += s;
+  switch (z.offload_param) {
     case OffloadTarget::kNone:
-      plan.device_optimizer = arrays;
-      plan.pinned += round_page(group * 2);  // the param copy pool
+      plan.device_slices += slices * elem;
       break;
     case OffloadTarget::kCpu:
-      plan.host += arrays;
-      plan.pinned += round_page(group * 2);
+      for (const uint64_t s : l.managed_slices) plan.pinned += offload::pinned_allocation(s * elem);
       break;
     case OffloadTarget::kNvme: {
-      const uint64_t sets = 1 + (z.pipeline_read ? 1 : 0) + (z.pipeline_write ? 1 : 0);
-      plan.pinned += sets * kinds * round_page(group * 4) + sets * round_page(group * 2) +
-                     2 * round_page(group * 4);
-      if (cut.count > 0) {  // an extent per kind and sub-group
-        plan.nvme +=
-            kinds * ((cut.count - 1) * round_page(cut.size * 4) + round_page(cut.last * 4));
-      }
+      const offload::Footprint f =
+          offload::ParamSwapper::footprint(zero::param_swapper_config(z), l.managed_slices);
+      plan.pinned += f.pinned;
+      plan.nvme += f.nvme;
       break;
     }
   }
-  // Activations (zero/activation_offload.h): on the device, or all saved inputs but the one
-  // being recomputed in pinned buffers (cpu) or in the swap file through two pinned staging
-  // buffers (nvme).
-  const ActivationEstimate& a = in.activations;
-  const uint64_t saved_page = round_page(a.saved_input_bytes);
-  switch (a.saved_inputs == 0 ? OffloadTarget::kNone : z.activation_offload) {
-    case OffloadTarget::kNone:
-      plan.device_activations = a.total();
-      break;
-    case OffloadTarget::kCpu:
-      plan.device_activations = a.working_bytes + a.saved_input_bytes;
-      plan.pinned_activations = a.saved_inputs * saved_page;
-      break;
-    case OffloadTarget::kNvme:
-      plan.device_activations = a.working_bytes + a.saved_input_bytes;
-      plan.pinned_activations = std::min<uint64_t>(2, a.saved_inputs) * saved_page;
-      plan.nvme_activations = a.saved_inputs * saved_page;
-      break;
+  const std::vector<bool> persistent = zero::ParamCoordinator::persistent_params(
+      l.managed, z.param_persistence_threshold, z.model_persistence_threshold);
+  plan.device_gathered = zero::ParamCoordinator::device_elements_bound(
+                             zero::coordinator_config(z), l.managed, persistent, in.world_size,
+                             z.offload_param != OffloadTarget::kNone) *
+                         elem;
+}
+
+// The optimizer's partition: its arrays on the device (offload_optimizer none) or in host
+// memory (cpu), or in the swap file (nvme), and its pinned pools.
+void plan_optimizer(const PlanInputs& in, MemoryPlan& plan) {
+  const zero::ZeroConfig& z = in.zero;
+  const offload::SubGroupCut cut = offload::cut_sub_groups(plan.partition_numel, z.sub_group_size);
+  const offload::Footprint f =
+      zero::PartitionedOptimizer::footprint(z, cut.sizes(), in.optimizer_states);
+  plan.pinned += f.pinned;
+  plan.nvme += f.nvme;
+  if (z.offload_optimizer == OffloadTarget::kNone) {
+    plan.device_optimizer = f.host;
+  } else {
+    plan.host += f.host;
   }
-  plan.pinned += plan.pinned_activations;
-  plan.nvme += plan.nvme_activations;
-  plan.host_peak_init = largest_numel * 4 * 2;
+}
+
+// The saved block inputs and LibTorch's working set; what zinf.activation_offload moves
+// off the device.
+void plan_activations(const PlanInputs& in, MemoryPlan& plan) {
+  const ActivationEstimate& a = in.activations;
+  const offload::Footprint f = zero::ActivationOffload::footprint(
+      in.zero.activation_offload, a.saved_input_bytes, a.saved_inputs);
+  const bool offloaded = a.saved_inputs > 0 && in.zero.activation_offload != OffloadTarget::kNone;
+  plan.device_activations = offloaded ? a.working_bytes + f.device : a.total();
+  plan.pinned_activations = f.pinned;
+  plan.nvme_activations = f.nvme;
+  plan.pinned += f.pinned;
+  plan.nvme += f.nvme;
+}
+
+}  // namespace
+
+// The sum of what each component states it allocates (offload/footprint.h).
+MemoryPlan plan_memory(const PlanInputs& in) {
+  MemoryPlan plan;
+  const PlannedLayout layout = lay_out(in, plan);
+  plan_managed(in, layout, plan);
+  const offload::Footprint reducer = zero::GradReducer::footprint(
+      in.zero, in.world_size, layout.trainable, in.host_reads_device_memory);
+  plan.device_buckets = reducer.device;
+  plan.pinned += reducer.pinned;
+  plan_optimizer(in, plan);
+  plan_activations(in, plan);
+  plan.host_peak_init = layout.largest_numel * 4 * 2;
   return plan;
 }
 

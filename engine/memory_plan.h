@@ -2,8 +2,10 @@
 // host, NVMe — computed from the model's parameter list and the ZeRO config before anything
 // is allocated. The engine checks it against the accelerator budget and the pinned-memory
 // limit before any work (a run that cannot fit fails at once, with this table), allocates
-// exactly what it plans (the formulas below mirror zero/ and offload/, and a test holds the
-// measured figures to them), and reports the plan beside the measured peaks at the end.
+// exactly what it plans, and reports the plan beside the measured peaks at the end. The plan
+// is the sum of what each component states it allocates (offload/footprint.h: the swappers,
+// the partitioned optimizer, the reducer, the coordinator, activation offload, the tied
+// router), from the sizes their constructors use; a test holds the measured figures to it.
 // `zinf estimate` prints the same plan without running.
 //
 // Thread safety: plain values and pure functions.
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "optimizer_cpu/optimizer.h"
 #include "zero/zero_config.h"
 
 namespace zinf::engine {
@@ -43,7 +46,9 @@ struct PlanInputs {
   std::vector<PlanParam> params;
   zero::ZeroConfig zero;
   int world_size = 1;
-  size_t optimizer_states = 2;     // arrays besides params and grads (Adam: m, v; Adagrad/Lion: 1)
+  // The arrays the optimizer keeps besides params and grads (Adam: m, v; Adagrad/Lion: one).
+  optimizer_cpu::StateArrays optimizer_states =
+      optimizer_cpu::state_arrays(optimizer_cpu::OptimizerKind::kAdam);
   ActivationEstimate activations;  // the model's estimate for one micro-batch (0: unknown)
   // False on CUDA and on the strict device: the gradient reducer then copies what host code
   // reads into a pinned staging buffer (zero/grad_reducer.h), which the plan counts.

@@ -15,16 +15,11 @@
 
 #include "aio/pinned_buffer.h"
 #include "offload/error.h"
+#include "offload/footprint.h"
 #include "offload/mount_info.h"
 
 namespace zinf::offload {
 namespace {
-
-constexpr uint64_t kExtentAlignment = 4096;
-
-uint64_t round_up(uint64_t bytes) {
-  return (bytes + kExtentAlignment - 1) / kExtentAlignment * kExtentAlignment;
-}
 
 std::string errno_text(int error) { return std::string(std::strerror(error)); }
 
@@ -59,7 +54,7 @@ NvmeStore::NvmeStore(NvmeStoreConfig config) : config_(std::move(config)) {
   if (config_.rank < 0) {
     throw OffloadError(ErrorKind::kConfig, "rank " + std::to_string(config_.rank) + " < 0");
   }
-  if (config_.stripe_bytes == 0 || config_.stripe_bytes % kExtentAlignment != 0) {
+  if (config_.stripe_bytes == 0 || config_.stripe_bytes % kSwapExtentAlignment != 0) {
     throw OffloadError(ErrorKind::kConfig, "stripe_bytes " + std::to_string(config_.stripe_bytes) +
                                                " is not a positive multiple of 4096");
   }
@@ -155,7 +150,7 @@ ExtentId NvmeStore::allocate(uint64_t bytes) {
   if (bytes == 0) {
     throw OffloadError(ErrorKind::kUsage, "extent of 0 bytes requested in " + label_);
   }
-  const uint64_t capacity = round_up(bytes);
+  const uint64_t capacity = swap_extent(bytes);
   std::lock_guard lock(mutex_);
   const uint64_t offset = spans_.take(capacity);
   Extent extent;

@@ -25,6 +25,27 @@ std::vector<OptimizerState> kinds_for(optimizer_cpu::StateArrays states) {
   return kinds;
 }
 
+// Bytes per element of an array: grads in their dtype, everything else fp32.
+size_t element_bytes_of(OptimizerState state, const OptimizerSwapperConfig& config) {
+  return state == OptimizerState::kGrads ? optimizer_cpu::dtype_size(config.grad_dtype) : 4;
+}
+
+// Buffer sets: one sub-group in flight, one more for each pipelined direction (NVMe only).
+size_t buffer_sets(const OptimizerSwapperConfig& config) {
+  if (config.device != OffloadDevice::kNvme) return 1;
+  return 1 + (config.pipeline_read ? 1 : 0) + (config.pipeline_write ? 1 : 0);
+}
+
+// The pools' buffer sizes: a sub-group of fp32 elements per state buffer, of 16-bit ones per
+// param copy.
+uint64_t largest_sub_group(const OptimizerSwapperConfig& config) {
+  uint64_t largest = 0;
+  for (const uint64_t numel : config.sub_groups) largest = std::max(largest, numel);
+  return largest;
+}
+uint64_t state_buffer_bytes(uint64_t group) { return group * 4; }
+uint64_t copy_buffer_bytes(uint64_t group) { return group * 2; }
+
 const char* state_name(OptimizerState state) {
   switch (state) {
     case OptimizerState::kParams:
@@ -83,9 +104,7 @@ OptimizerSwapper::OptimizerSwapper(const OptimizerSwapperConfig& config,
                        "(offload_optimizer.nvme_path)");
   }
   const uint64_t group = largest_;
-  const size_t sets = config_.device == OffloadDevice::kNvme
-                          ? 1 + (config_.pipeline_read ? 1 : 0) + (config_.pipeline_write ? 1 : 0)
-                          : 1;
+  const size_t sets = buffer_sets(config_);
   if (config_.device == OffloadDevice::kNvme && config_.buffer_count < kinds_.size()) {
     throw OffloadError(ErrorKind::kConfig,
                        "offload_optimizer.buffer_count is " + std::to_string(config_.buffer_count) +
@@ -103,10 +122,10 @@ OptimizerSwapper::OptimizerSwapper(const OptimizerSwapperConfig& config,
         }
       }
       store_->reserve();  // fail now, with the numbers, rather than at the first write
-      state_pool_ = std::make_unique<PinnedBufferPool>(sets * kinds_.size(), group * 4, accelerator,
-                                                       "optimizer state pool");
-      copy_pool_ =
-          std::make_unique<PinnedBufferPool>(sets, group * 2, accelerator, "param copy pool");
+      state_pool_ = std::make_unique<PinnedBufferPool>(
+          sets * kinds_.size(), state_buffer_bytes(group), accelerator, "optimizer state pool");
+      copy_pool_ = std::make_unique<PinnedBufferPool>(sets, copy_buffer_bytes(group), accelerator,
+                                                      "param copy pool");
       for (size_t s = 0; s < sets; ++s) {
         auto set = std::make_unique<BufferSet>();
         set->states = state_pool_->acquire(kinds_.size());
@@ -125,8 +144,8 @@ OptimizerSwapper::OptimizerSwapper(const OptimizerSwapperConfig& config,
         memory_.emplace_back(numel_ * element_bytes(kind));
       }
       sets_.push_back(std::make_unique<BufferSet>());
-      copy_pool_ =
-          std::make_unique<PinnedBufferPool>(sets, group * 2, accelerator, "param copy pool");
+      copy_pool_ = std::make_unique<PinnedBufferPool>(sets, copy_buffer_bytes(group), accelerator,
+                                                      "param copy pool");
     }
   } catch (...) {
     free_extents();
@@ -219,7 +238,27 @@ size_t OptimizerSwapper::kind_index(OptimizerState state) const {
 }
 
 size_t OptimizerSwapper::element_bytes(OptimizerState state) const {
-  return state == OptimizerState::kGrads ? optimizer_cpu::dtype_size(config_.grad_dtype) : 4;
+  return element_bytes_of(state, config_);
+}
+
+Footprint OptimizerSwapper::footprint(const OptimizerSwapperConfig& config,
+                                      optimizer_cpu::StateArrays states) {
+  const std::vector<OptimizerState> kinds = kinds_for(states);
+  const uint64_t group = largest_sub_group(config);
+  const uint64_t sets = buffer_sets(config);
+  Footprint f;
+  f.pinned = sets * pinned_allocation(copy_buffer_bytes(group));
+  if (config.device != OffloadDevice::kNvme) {
+    uint64_t numel = 0;
+    for (const uint64_t n : config.sub_groups) numel += n;
+    for (OptimizerState kind : kinds) f.host += numel * element_bytes_of(kind, config);
+    return f;
+  }
+  f.pinned += sets * kinds.size() * pinned_allocation(state_buffer_bytes(group));
+  for (const uint64_t n : config.sub_groups) {  // an extent per sub-group and kind
+    for (OptimizerState kind : kinds) f.nvme += swap_extent(n * element_bytes_of(kind, config));
+  }
+  return f;
 }
 
 uint64_t OptimizerSwapper::pinned_bytes() const noexcept {

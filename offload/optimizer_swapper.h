@@ -65,6 +65,7 @@
 #include <vector>
 
 #include "offload/counters.h"
+#include "offload/footprint.h"
 #include "offload/nvme_store.h"
 #include "offload/pinned_buffer_pool.h"
 #include "optimizer_cpu/optimizer.h"
@@ -136,6 +137,12 @@ class OptimizerSwapper {
                    NvmeStore* store, Accelerator* accelerator = nullptr);
   // Waits for transfers in flight, then returns every extent to the store.
   ~OptimizerSwapper();
+
+  // What a swapper of `config` for an optimizer keeping `states` allocates: the state and
+  // param-copy pools (pinned), the arrays kept in memory (host; device kCpu), the extents
+  // (nvme; device kNvme).
+  [[nodiscard]] static Footprint footprint(const OptimizerSwapperConfig& config,
+                                           optimizer_cpu::StateArrays states);
 
   OptimizerSwapper(const OptimizerSwapper&) = delete;
   OptimizerSwapper& operator=(const OptimizerSwapper&) = delete;

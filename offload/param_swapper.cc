@@ -26,6 +26,23 @@ ParamSwapper::ParamSwapper(const ParamSwapperConfig& config, NvmeStore& store,
                                              accelerator, "param pool (offload_param)");
 }
 
+Footprint ParamSwapper::footprint(const ParamSwapperConfig& config,
+                                  const std::vector<uint64_t>& numels) {
+  Footprint f;
+  f.pinned = config.buffer_count * pinned_allocation(config.buffer_size * config.element_bytes);
+  CpuTierBudget cpu(config.max_in_cpu);  // as add() places them
+  for (const uint64_t numel : numels) {
+    if (cpu.place(numel)) {
+      f.pinned += pinned_allocation(numel * config.element_bytes);
+      continue;
+    }
+    for (uint64_t done = 0; done < numel; done += config.buffer_size) {  // add()'s chunks
+      f.nvme += swap_extent(std::min(config.buffer_size, numel - done) * config.element_bytes);
+    }
+  }
+  return f;
+}
+
 // Every extent goes back to the store, each once no read of it is in flight: a partition's
 // queue drains its reads (its destructor waits) before its buffers and extents go.
 ParamSwapper::~ParamSwapper() {

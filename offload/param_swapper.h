@@ -56,6 +56,7 @@
 #include "aio/pinned_buffer.h"
 #include "offload/counters.h"
 #include "offload/cpu_tier_budget.h"
+#include "offload/footprint.h"
 #include "offload/nvme_store.h"
 #include "offload/pinned_buffer_pool.h"
 
@@ -95,6 +96,11 @@ class ParamSwapper {
 
   ParamSwapper(const ParamSwapper&) = delete;
   ParamSwapper& operator=(const ParamSwapper&) = delete;
+
+  // What a swapper of `config` takes once partitions of `numels` are added in that order:
+  // the pool and the CPU-tier partitions (pinned), the NVMe partitions' extents (nvme).
+  [[nodiscard]] static Footprint footprint(const ParamSwapperConfig& config,
+                                           const std::vector<uint64_t>& numels);
 
   // Registers a partition of `numel` elements (> 0) with its initial values and stores
   // them in its tier. NVMe space is checked before the first write (kSpace).

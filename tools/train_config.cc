@@ -130,16 +130,16 @@ std::vector<uint64_t> llama_swapped_param_numels(const engine::LlamaConfig& mode
   return numels;
 }
 
-RunConfig resolve_run_config(nlohmann::json root, const std::string& source,
+RunConfig resolve_run_config(const nlohmann::json& root, const std::string& source,
                              const ConfigOverrides& overrides, const engine::LlamaConfig& model,
                              std::vector<std::string>* override_lines) {
   std::vector<std::string> lines;
+  config::ParseOverrides parse;
   if (!overrides.nvme_path.empty()) {
-    if (!root.is_object()) root = nlohmann::json::object();
-    root["zinf"]["nvme_paths"] = nlohmann::json::array({overrides.nvme_path});
+    parse.nvme_paths = {overrides.nvme_path};
     lines.push_back(fmt::format("zinf.nvme_paths = [\"{}\"] (--nvme-path)", overrides.nvme_path));
   }
-  RunConfig c = config::parse_config_json(root, source);
+  RunConfig c = config::parse_config_json(root, source, parse);
   if (overrides.memory_budget) {
     if (*overrides.memory_budget == 0) {
       throw std::invalid_argument("--memory-budget must be more than 0 bytes");
@@ -181,7 +181,7 @@ engine::PlanInputs llama_plan_inputs(const engine::LlamaConfig& model,
   }
   in.zero = config.zero;
   in.world_size = world_size;
-  in.optimizer_states = static_cast<size_t>(config.optimizer.states_per_param() - 2);
+  in.optimizer_states = optimizer_cpu::state_arrays(config.optimizer.type);
   const int64_t element_bytes = config.zero.precision == zero::Precision::kFloat32 ? 4 : 2;
   in.activations = engine::llama_activations(model, micro_batch, seq_len, element_bytes);
   in.host_reads_device_memory = config.zinf.accelerator == config::AcceleratorType::kCpu;

@@ -4,9 +4,10 @@
 //
 // Overrides: --micro-batch, --grad-accum and --lr replace the file's values (or fill its
 // "auto"); when the file fixes train_batch_size and the two others, the override recomputes
-// train_batch_size rather than failing the batch-size check. --nvme-path becomes
-// zinf.nvme_paths (one folder for both tiers). Each override is listed with the resolved
-// values so the start-up lines say where every value came from.
+// train_batch_size rather than failing the batch-size check. --nvme-path replaces
+// zinf.nvme_paths (one folder for both tiers) as the file is read (config::ParseOverrides). Each
+// override is listed with the resolved values so the start-up lines say where every value came
+// from.
 //
 // Errors: config::ConfigError (naming the source, the JSON path and the reason) for the
 // config; std::invalid_argument for a bad command-line value. Thread safety: pure functions
@@ -46,7 +47,8 @@ struct ConfigOverrides {
 
 // parse_config_json + overrides + resolve_auto for `model`. `override_lines` receives one
 // "key = value (--flag)" line per override applied.
-[[nodiscard]] config::RunConfig resolve_run_config(nlohmann::json root, const std::string& source,
+[[nodiscard]] config::RunConfig resolve_run_config(const nlohmann::json& root,
+                                                   const std::string& source,
                                                    const ConfigOverrides& overrides,
                                                    const engine::LlamaConfig& model,
                                                    std::vector<std::string>* override_lines);

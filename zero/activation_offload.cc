@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <map>
@@ -322,6 +323,26 @@ OffloadTarget ActivationOffload::tier() const noexcept { return state_->tier; }
 ActivationOffloadStats ActivationOffload::stats() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   return state_->stats;
+}
+
+offload::Footprint ActivationOffload::footprint(OffloadTarget tier, uint64_t input_bytes,
+                                                uint64_t saved_inputs) {
+  offload::Footprint f;
+  const uint64_t buffer = offload::pinned_allocation(input_bytes);
+  switch (saved_inputs == 0 ? OffloadTarget::kNone : tier) {
+    case OffloadTarget::kNone:
+      break;
+    case OffloadTarget::kCpu:
+      f.device = input_bytes;
+      f.pinned = saved_inputs * buffer;
+      break;
+    case OffloadTarget::kNvme:
+      f.device = input_bytes;
+      f.pinned = std::min<uint64_t>(2, saved_inputs) * buffer;
+      f.nvme = saved_inputs * offload::swap_extent(input_bytes);
+      break;
+  }
+  return f;
 }
 
 }  // namespace zinf::zero

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "offload/footprint.h"
 #include "offload/nvme_store.h"
 #include "zero/zero_config.h"
 
@@ -54,6 +55,13 @@ class ActivationOffload {
   // Waits for the writes and reads in flight (errors are dropped: nothing is read any more)
   // and frees the buffers and extents.
   ~ActivationOffload();
+
+  // What the saved inputs of one micro-batch take off the device: `saved_inputs` inputs of
+  // `input_bytes` each on `tier`: all but the one being recomputed in pinned buffers (cpu), or
+  // all in the swap file through at most two pinned staging buffers (nvme). The device keeps
+  // the one being recomputed (device).
+  [[nodiscard]] static offload::Footprint footprint(OffloadTarget tier, uint64_t input_bytes,
+                                                    uint64_t saved_inputs);
 
   ActivationOffload(const ActivationOffload&) = delete;
   ActivationOffload& operator=(const ActivationOffload&) = delete;

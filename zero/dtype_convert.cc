@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "optimizer_cpu/half.h"
+#include "zero/error.h"
 
 namespace zinf::zero {
 namespace {
@@ -33,8 +34,8 @@ void parallel(uint64_t numel, Fn&& fn) {
 
 void check_float_type(DType dtype) {
   if (dtype != DType::kFloat32 && dtype != DType::kBFloat16 && dtype != DType::kFloat16) {
-    throw std::invalid_argument("dtype conversion: " + std::string(to_string(dtype)) +
-                                " is not a floating-point parameter type");
+    throw ZeroError("dtype conversion: " + std::string(to_string(dtype)) +
+                    " is not a floating-point parameter type");
   }
 }
 
@@ -140,6 +141,18 @@ NormPart norm_part(const float* data, uint64_t numel) {
       [](NormPart a, NormPart b) {
         return NormPart{a.sumsq + b.sumsq, a.nonfinite + b.nonfinite};
       });
+}
+
+DType compute_dtype(Precision precision) noexcept {
+  switch (precision) {
+    case Precision::kBFloat16:
+      return DType::kBFloat16;
+    case Precision::kFloat16:
+      return DType::kFloat16;
+    case Precision::kFloat32:
+      break;
+  }
+  return DType::kFloat32;
 }
 
 }  // namespace zinf::zero

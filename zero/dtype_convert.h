@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "zero/comm/communicator.h"
+#include "zero/zero_config.h"
 
 namespace zinf::zero {
 
@@ -27,5 +28,8 @@ struct NormPart {
   uint64_t nonfinite = 0;
 };
 [[nodiscard]] NormPart norm_part(const float* data, uint64_t numel);
+
+// The element type the model computes in (params, grads) at `precision`.
+[[nodiscard]] DType compute_dtype(Precision precision) noexcept;
 
 }  // namespace zinf::zero

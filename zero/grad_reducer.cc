@@ -24,7 +24,46 @@ DType parse_comm_dtype(const std::string& name, DType grad_dtype) {
       "communication_data_type \"{}\" is not one of \"fp32\", \"fp16\", \"bf16\"", name));
 }
 
+// A bucket holds whole padded parameters: reduce_bucket_size elements, or the largest
+// parameter when it is larger, and never more than all of them.
+uint64_t bucket_capacity(const ZeroConfig& config, uint64_t largest, uint64_t total) {
+  const uint64_t bucket = std::max<uint64_t>(config.reduce_bucket_size, 1);
+  return std::max(largest, std::min(bucket, total));
+}
+
+// Buckets filled while others reduce: one, or two with overlap_comm.
+size_t bucket_slots(const ZeroConfig& config) { return config.overlap_comm ? 2 : 1; }
+
 }  // namespace
+
+offload::Footprint GradReducer::footprint(const ZeroConfig& config, int world,
+                                          const std::vector<uint64_t>& numels,
+                                          bool host_reads_device) {
+  offload::Footprint f;
+  const auto w = static_cast<uint64_t>(std::max(world, 1));
+  uint64_t largest = 0;
+  uint64_t total = 0;
+  for (const uint64_t n : numels) {
+    const uint64_t padded = w == 1 || config.stage == 0 ? n : (n + w - 1) / w * w;
+    largest = std::max(largest, padded);
+    total += padded;
+  }
+  if (w == 1) {  // each gradient goes to the host whole
+    if (!host_reads_device) f.pinned = offload::pinned_allocation(largest * sizeof(float));
+    return f;
+  }
+  const bool stage0 = config.stage == 0;
+  const uint64_t capacity = bucket_capacity(config, largest, total);
+  const uint64_t element =
+      dtype_size(parse_comm_dtype(config.communication_data_type, compute_dtype(config.precision)));
+  const uint64_t slots = bucket_slots(config);
+  f.device = capacity * element + slots * capacity * element;
+  if (!stage0 && config.reduce_scatter) f.device += slots * (capacity / w) * element;
+  if (!host_reads_device) {
+    f.pinned = offload::pinned_allocation((stage0 ? capacity : capacity / w) * element);
+  }
+  return f;
+}
 
 GradReducer::GradReducer(const PartitionLayout& layout, const ZeroConfig& config,
                          Communicator& comm, DType grad_dtype, PartitionedOptimizer& optimizer,
@@ -67,12 +106,11 @@ GradReducer::GradReducer(const PartitionLayout& layout, const ZeroConfig& config
     largest = std::max(largest, padded);
     total += padded;
   }
-  const uint64_t bucket = std::max<uint64_t>(config_.reduce_bucket_size, 1);
-  capacity_ = std::max(largest, std::min(bucket, total));
+  capacity_ = bucket_capacity(config_, largest, total);
   const size_t element = dtype_size(comm_dtype_);
   fill_ = accelerator_.allocate(capacity_ * element, "gradient bucket (filling)");
   fill_view_ = view(fill_, comm_dtype_);
-  const size_t slots = config_.overlap_comm ? 2 : 1;
+  const size_t slots = bucket_slots(config_);
   for (size_t s = 0; s < slots; ++s) {
     send_[s] = accelerator_.allocate(capacity_ * element, "gradient bucket (reducing)");
     send_view_[s] = view(send_[s], comm_dtype_);

@@ -41,6 +41,7 @@
 
 #include "aio/pinned_buffer.h"
 #include "offload/accelerator.h"
+#include "offload/footprint.h"
 #include "zero/comm/communicator.h"
 #include "zero/partition.h"
 #include "zero/partitioned_optimizer.h"
@@ -62,6 +63,13 @@ class GradReducer {
   GradReducer(const PartitionLayout& layout, const ZeroConfig& config, Communicator& comm,
               DType grad_dtype, PartitionedOptimizer& optimizer, offload::Accelerator& accelerator);
   ~GradReducer();
+
+  // What a reducer allocates for trainable parameters of `numels` elements (layout order) on
+  // `world` ranks: the buckets on the device, and the pinned staging buffer when host code
+  // cannot read device memory (`host_reads_device` false: CUDA, strict).
+  [[nodiscard]] static offload::Footprint footprint(const ZeroConfig& config, int world,
+                                                    const std::vector<uint64_t>& numels,
+                                                    bool host_reads_device);
 
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;

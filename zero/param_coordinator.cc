@@ -24,6 +24,59 @@ constexpr size_t kReadBlocks = 2;
 
 }  // namespace
 
+std::vector<bool> ParamCoordinator::persistent_params(const std::vector<uint64_t>& numels,
+                                                      uint64_t param_threshold,
+                                                      uint64_t model_threshold) {
+  std::vector<bool> persistent;
+  uint64_t total = 0;
+  for (const uint64_t n : numels) {
+    const bool small = n <= param_threshold && total + n <= model_threshold;
+    if (small) total += n;
+    persistent.push_back(small);
+  }
+  return persistent;
+}
+
+// At most the live limit of non-persistent parameters, plus the persistent ones. With
+// offloaded slices also the device copies started ahead of use (prefetch_from): every
+// non-persistent parameter that begins less than the copy window ahead, so up to that window
+// plus one parameter, not yet counted as live. The param pool does not bound them: it limits
+// reads ahead only, a copy forces its read (zero/param_store.cc start_copy) and its device
+// buffer stays until the parameter is released. The window opens from the second pass on
+// (the first records the trace and fetches on demand), so a run of one micro-batch measures
+// far less than this. One rank: a copy is the full parameter. Several ranks: a copy is a
+// slice (ceil(numel / world) elements, hence + one element per parameter), and a slice stays
+// until its all-gather completes, so besides the window's slices the live parameters' slices
+// can all be there at once (a block's all-gathers are started together). Without offload the
+// slices are resident and only the full parameters come and go.
+uint64_t ParamCoordinator::device_elements_bound(const CoordinatorConfig& config,
+                                                 const std::vector<uint64_t>& numels,
+                                                 const std::vector<bool>& persistent, int world,
+                                                 bool offloaded) {
+  uint64_t persistent_total = 0, other = 0, largest_other = 0, count_other = 0;
+  for (size_t i = 0; i < numels.size(); ++i) {
+    if (persistent[i]) {
+      persistent_total += numels[i];
+    } else {
+      other += numels[i];
+      largest_other = std::max(largest_other, numels[i]);
+      ++count_other;
+    }
+  }
+  if (persistent_total + other == 0) return 0;
+  const uint64_t live = std::min(config.max_live_parameters, other) + persistent_total;
+  const uint64_t bucket = config.prefetch_bucket_size;
+  const uint64_t window =
+      offloaded && bucket > 0 ? std::min(other, kCopyWindow * bucket - 1 + largest_other) : 0;
+  if (world <= 1) {
+    // Never more than every parameter at once.
+    return offloaded ? std::min(live + window, other + persistent_total) : 0;
+  }
+  const auto w = static_cast<uint64_t>(world);
+  const uint64_t in_flight = offloaded ? live + window : 0;
+  return live + (in_flight + w - 1) / w + std::min(count_other, in_flight);
+}
+
 ParamCoordinator::ParamCoordinator(const CoordinatorConfig& config,
                                    std::vector<uint64_t> param_numels,
                                    std::vector<std::vector<size_t>> block_params,

@@ -55,6 +55,8 @@
 #include <string>
 #include <vector>
 
+#include "zero/zero_config.h"
+
 namespace zinf::zero {
 
 // The three levels of bringing one parameter's full tensor to the device. Calls for one
@@ -88,6 +90,15 @@ struct CoordinatorConfig {
   bool keep_across_passes = false;
 };
 
+// The coordinator's settings from the stage-3 keys.
+[[nodiscard]] inline CoordinatorConfig coordinator_config(const ZeroConfig& config) noexcept {
+  CoordinatorConfig c;
+  c.prefetch_bucket_size = config.prefetch_bucket_size;
+  c.max_live_parameters = config.max_live_parameters;
+  c.max_reuse_distance = config.max_reuse_distance;
+  return c;
+}
+
 struct CoordinatorStats {
   uint64_t live_elements = 0;        // non-persistent elements gathered now
   uint64_t live_high_water = 0;      // most non-persistent elements gathered at once
@@ -117,6 +128,20 @@ class ParamCoordinator {
   ParamCoordinator(const CoordinatorConfig& config, std::vector<uint64_t> param_numels,
                    std::vector<std::vector<size_t>> block_params, std::vector<bool> persistent,
                    ParamFetcher& fetcher);
+
+  // Which parameters of `numels` (in order) are persistent: those of at most
+  // `param_threshold` elements (stage3_param_persistence_threshold) while their running total
+  // stays within `model_threshold` (stage3_model_persistence_threshold).
+  [[nodiscard]] static std::vector<bool> persistent_params(const std::vector<uint64_t>& numels,
+                                                           uint64_t param_threshold,
+                                                           uint64_t model_threshold);
+  // The most elements of these parameters on the device at once, on `world` ranks, with
+  // their slices `offloaded` (offload_param cpu or nvme; without offload the slices stay on
+  // the device and are not counted here).
+  [[nodiscard]] static uint64_t device_elements_bound(const CoordinatorConfig& config,
+                                                      const std::vector<uint64_t>& numels,
+                                                      const std::vector<bool>& persistent,
+                                                      int world, bool offloaded);
 
   ParamCoordinator(const ParamCoordinator&) = delete;
   ParamCoordinator& operator=(const ParamCoordinator&) = delete;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <utility>
 
+#include "zero/dtype_convert.h"
 #include "zero/error.h"
 
 namespace zinf::zero {
@@ -400,6 +401,15 @@ void ParamStore::release(size_t m) {
   }
   p.read_started = false;
   p.copy_started = false;
+}
+
+offload::ParamSwapperConfig param_swapper_config(const ZeroConfig& config) {
+  offload::ParamSwapperConfig pc;
+  pc.buffer_count = config.param_buffer_count;
+  pc.buffer_size = config.param_buffer_size;
+  pc.max_in_cpu = config.param_max_in_cpu;
+  pc.element_bytes = dtype_size(compute_dtype(config.precision));
+  return pc;
 }
 
 }  // namespace zinf::zero

@@ -55,6 +55,9 @@
 
 namespace zinf::zero {
 
+// The param swapper's settings from offload_param (nvme), for slices of `precision`.
+[[nodiscard]] offload::ParamSwapperConfig param_swapper_config(const ZeroConfig& config);
+
 struct ParamStoreStats {
   uint64_t gathers = 0;              // all-gathers issued
   uint64_t gathered_bytes = 0;       // bytes received by them

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "offload/sub_groups.h"
+#include "zero/error.h"
 
 namespace zinf::zero {
 
@@ -11,12 +12,14 @@ PartitionLayout::PartitionLayout(const std::vector<uint64_t>& numels, int world_
                                  uint64_t sub_group_size)
     : world_size_(world_size), rank_(rank) {
   if (world_size < 1) {
-    throw std::invalid_argument("partition: world size " + std::to_string(world_size) +
-                                " must be at least 1");
+    throw ZeroError("partition: world size " + std::to_string(world_size) + " must be at least 1");
   }
   if (rank < 0 || rank >= world_size) {
-    throw std::invalid_argument("partition: rank " + std::to_string(rank) + " is outside [0, " +
-                                std::to_string(world_size) + ")");
+    throw ZeroError("partition: rank " + std::to_string(rank) + " is outside [0, " +
+                    std::to_string(world_size) + ")");
+  }
+  if (sub_group_size == 0) {
+    throw ZeroError("partition: zero_optimization.sub_group_size must be > 0");
   }
   const auto w = static_cast<uint64_t>(world_size);
   const auto r = static_cast<uint64_t>(rank);
@@ -24,7 +27,7 @@ PartitionLayout::PartitionLayout(const std::vector<uint64_t>& numels, int world_
   for (size_t i = 0; i < numels.size(); ++i) {
     const uint64_t n = numels[i];
     if (n == 0) {
-      throw std::invalid_argument("partition: parameter " + std::to_string(i) + " has no elements");
+      throw ZeroError("partition: parameter " + std::to_string(i) + " has no elements");
     }
     ParamSlice s;
     s.numel = n;

@@ -44,7 +44,7 @@ struct SubGroupRange {
 class PartitionLayout {
  public:
   // `numels`: elements of each parameter, in registration order (each > 0). Throws
-  // std::invalid_argument for a world size < 1, a rank outside [0, world_size), a zero
+  // ZeroError (zero/error.h) for a world size < 1, a rank outside [0, world_size), a zero
   // sub_group_size or a parameter with no elements (naming its index).
   PartitionLayout(const std::vector<uint64_t>& numels, int world_size, int rank,
                   uint64_t sub_group_size);

@@ -47,17 +47,12 @@ PartitionedOptimizer::PartitionedOptimizer(const PartitionLayout& layout, const 
     throw ZeroError("the model has no trainable parameters to optimize");
   }
   nvme_ = config_.offload_optimizer == OffloadTarget::kNvme;
-  offload::OptimizerSwapperConfig sc;
-  sc.device = nvme_ ? offload::OffloadDevice::kNvme : offload::OffloadDevice::kCpu;
+  std::vector<uint64_t> sub_groups;
   for (const SubGroupRange& g : layout_.sub_groups()) {
-    sc.sub_groups.push_back(g.numel);  // the layout's cut, the only one
+    sub_groups.push_back(g.numel);  // the layout's cut, the only one
   }
-  sc.buffer_count = config_.optimizer_buffer_count;
-  sc.pipeline_read = config_.pipeline_read;
-  sc.pipeline_write = config_.pipeline_write;
-  sc.grad_dtype = optimizer_cpu::DType::kFloat32;
-  sc.param_copy_dtype = copy_dtype(config_.precision);
-  swapper_ = std::make_unique<offload::OptimizerSwapper>(sc, optimizer, store, accelerator);
+  swapper_ = std::make_unique<offload::OptimizerSwapper>(
+      swapper_config(config_, std::move(sub_groups)), optimizer, store, accelerator);
   const size_t groups = layout_.sub_groups().size();
   sumsq_.assign(groups, 0.0);
   nonfinite_.assign(groups, 0);
@@ -68,6 +63,32 @@ PartitionedOptimizer::PartitionedOptimizer(const PartitionLayout& layout, const 
     staging_[0] = aio::PinnedBuffer(largest * sizeof(float));
     staging_[1] = aio::PinnedBuffer(largest * sizeof(float));
   }
+}
+
+offload::OptimizerSwapperConfig PartitionedOptimizer::swapper_config(
+    const ZeroConfig& config, std::vector<uint64_t> sub_groups) {
+  offload::OptimizerSwapperConfig sc;
+  sc.device = config.offload_optimizer == OffloadTarget::kNvme ? offload::OffloadDevice::kNvme
+                                                               : offload::OffloadDevice::kCpu;
+  sc.sub_groups = std::move(sub_groups);
+  sc.buffer_count = config.optimizer_buffer_count;
+  sc.pipeline_read = config.pipeline_read;
+  sc.pipeline_write = config.pipeline_write;
+  sc.grad_dtype = optimizer_cpu::DType::kFloat32;
+  sc.param_copy_dtype = copy_dtype(config.precision);
+  return sc;
+}
+
+offload::Footprint PartitionedOptimizer::footprint(const ZeroConfig& config,
+                                                   std::vector<uint64_t> sub_groups,
+                                                   optimizer_cpu::StateArrays states) {
+  const uint64_t largest = sub_groups.empty() ? 0 : sub_groups.front();  // the cut's first
+  offload::Footprint f =
+      offload::OptimizerSwapper::footprint(swapper_config(config, std::move(sub_groups)), states);
+  if (config.offload_optimizer == OffloadTarget::kNvme) {
+    f.pinned += 2 * offload::pinned_allocation(largest * sizeof(float));  // staging_
+  }
+  return f;
 }
 
 PartitionedOptimizer::~PartitionedOptimizer() {

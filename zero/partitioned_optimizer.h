@@ -66,6 +66,16 @@ class PartitionedOptimizer {
                        offload::Accelerator* accelerator, Communicator& comm, bool norm_is_global);
   ~PartitionedOptimizer();
 
+  // The swapper's config for `config` over a partition cut into `sub_groups` (the layout's).
+  [[nodiscard]] static offload::OptimizerSwapperConfig swapper_config(
+      const ZeroConfig& config, std::vector<uint64_t> sub_groups);
+  // What the optimizer allocates besides the layout: its swapper's footprint, and with the
+  // optimizer on NVMe the two pinned gradient staging buffers of a sub-group each. The
+  // arrays kept in memory are counted as host bytes.
+  [[nodiscard]] static offload::Footprint footprint(const ZeroConfig& config,
+                                                    std::vector<uint64_t> sub_groups,
+                                                    optimizer_cpu::StateArrays states);
+
   PartitionedOptimizer(const PartitionedOptimizer&) = delete;
   PartitionedOptimizer& operator=(const PartitionedOptimizer&) = delete;
 

@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "aio/pinned_buffer.h"
+#include "offload/footprint.h"
 
 namespace zinf::zero {
 
@@ -64,6 +65,11 @@ class TiedGradRouter {
   // the process's limit).
   TiedGradRouter(std::vector<Tied> tied, Deliver deliver);
   ~TiedGradRouter();
+  // The pinned buffer parking a tied parameter's gradient of `grad_bytes` between its uses.
+  [[nodiscard]] static uint64_t pinned_bytes(uint64_t grad_bytes) noexcept {
+    return offload::pinned_allocation(grad_bytes);
+  }
+
   TiedGradRouter(const TiedGradRouter&) = delete;
   TiedGradRouter& operator=(const TiedGradRouter&) = delete;
 

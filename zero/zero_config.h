@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "aio/config.h"
+#include "zero/error.h"
 
 namespace zinf::zero {
 
@@ -79,6 +80,8 @@ struct ZeroConfig {
   // Every store stripes across nvme_paths, except that a tier with its own folder
   // (DeepSpeed's offload_param.nvme_path / offload_optimizer.nvme_path, when zinf.nvme_paths
   // is not given) keeps its swap files there alone, as DeepSpeed does.
+  // The config layer (engine/config/parse_config.cc) decides these folders from the keys and
+  // refuses an nvme tier without one; swap_folders() is the one place that reads them.
   std::vector<std::string> nvme_paths;
   std::string param_nvme_path;      // offload_param.nvme_path; empty: nvme_paths
   std::string optimizer_nvme_path;  // offload_optimizer.nvme_path; empty: nvme_paths
@@ -90,6 +93,29 @@ struct ZeroConfig {
 
   // zinf.comm_timeout_s.
   std::chrono::milliseconds comm_timeout{300'000};
+
+  // The folders a tier's swap store writes to: its own folder when it has one, else every
+  // swap folder (striped when there are several). The config layer never leaves an nvme tier
+  // without one; a ZeroConfig filled by hand that does gets a ZeroError naming the fields.
+  enum class SwapTier : uint8_t { kParam, kOptimizer, kActivation };
+  [[nodiscard]] std::vector<std::string> swap_folders(SwapTier tier) const {
+    const bool param = tier == SwapTier::kParam, optimizer = tier == SwapTier::kOptimizer;
+    const std::string& own = param       ? param_nvme_path
+                             : optimizer ? optimizer_nvme_path
+                                         : activation_nvme_path;
+    if (!own.empty()) return {own};
+    if (nvme_paths.empty()) {
+      throw ZeroError(std::string("the ") +
+                      (param       ? "param"
+                       : optimizer ? "optimizer"
+                                   : "activation") +
+                      " swap store has no folder: set ZeroConfig::nvme_paths or its " +
+                      (param       ? "param_nvme_path"
+                       : optimizer ? "optimizer_nvme_path"
+                                   : "activation_nvme_path"));
+    }
+    return nvme_paths;
+  }
 };
 
 }  // namespace zinf::zero

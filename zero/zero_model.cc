@@ -18,18 +18,6 @@
 namespace zinf::zero {
 namespace {
 
-DType dtype_of(Precision precision) {
-  switch (precision) {
-    case Precision::kBFloat16:
-      return DType::kBFloat16;
-    case Precision::kFloat16:
-      return DType::kFloat16;
-    case Precision::kFloat32:
-      break;
-  }
-  return DType::kFloat32;
-}
-
 using detail::scalar_type;
 
 bool under(const std::string& name, const std::string& prefix) {
@@ -49,7 +37,7 @@ ZeroModel::ZeroModel(torch::nn::Module& root, const ZeroConfig& config,
       accelerator_(accelerator),
       comm_(comm),
       cpu_optimizer_(optimizer),
-      dtype_(dtype_of(config.precision)) {
+      dtype_(zero::compute_dtype(config.precision)) {
   if (config_.stage < 0 || config_.stage > 3) {
     throw ZeroError(
         fmt::format("zero_optimization.stage must be 0, 1, 2 or 3, not {}", config_.stage));
@@ -170,9 +158,19 @@ void ZeroModel::collect(torch::nn::Module& root) {
   }
 }
 
+// Partitioning, in order: the layout (which parameters are sliced, and where each slice
+// lies), the tiers the slices live in, the initial values, the coordinator of the managed
+// parameters, and the gradient routes.
 void ZeroModel::partition(const Initializer& initializer) {
+  lay_out();
+  build_tiers();
+  place_initial_values(initializer);
+  if (store_) build_coordinator();
+  route_gradients();
+}
+
+void ZeroModel::lay_out() {
   const bool stage0 = config_.stage == 0;
-  const int world = comm_.world_size();
   std::vector<uint64_t> numels;
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = params_[i];
@@ -190,19 +188,16 @@ void ZeroModel::partition(const Initializer& initializer) {
   if (trainable_.empty()) {
     throw ZeroError("the model has no trainable parameters");
   }
-  layout_ = std::make_unique<PartitionLayout>(numels, stage0 ? 1 : world, stage0 ? 0 : comm_.rank(),
-                                              config_.sub_group_size);
+  layout_ = std::make_unique<PartitionLayout>(numels, stage0 ? 1 : comm_.world_size(),
+                                              stage0 ? 0 : comm_.rank(), config_.sub_group_size);
+}
 
-  // `asker`: the setting that puts something on NVMe; `folder_key`: the tier's own folder key.
-  auto make_store = [&](const char* name, const std::string& own_path, const char* asker,
-                        const char* folder_key) {
-    if (config_.nvme_paths.empty() && own_path.empty()) {
-      throw ZeroError(
-          fmt::format("{} needs a folder: set {} (or zinf.nvme_paths)", asker, folder_key));
-    }
+// The swap stores of the tiers on NVMe, the param swapper, the activation offload, the
+// partitioned optimizer over the layout and the store of the managed parameters.
+void ZeroModel::build_tiers() {
+  auto make_store = [&](const char* name, ZeroConfig::SwapTier tier) {
     offload::NvmeStoreConfig sc;
-    // The tier's own folder, else every swap folder (striped when there are several).
-    sc.nvme_paths = own_path.empty() ? config_.nvme_paths : std::vector<std::string>{own_path};
+    sc.nvme_paths = config_.swap_folders(tier);
     sc.rank = comm_.rank();
     sc.name = name;
     sc.aio = config_.aio;
@@ -210,29 +205,23 @@ void ZeroModel::partition(const Initializer& initializer) {
     return std::make_unique<offload::NvmeStore>(sc);
   };
   if (config_.offload_optimizer == OffloadTarget::kNvme) {
-    optimizer_nvme_ = make_store("optimizer", config_.optimizer_nvme_path,
-                                 "offload_optimizer.device nvme", "offload_optimizer.nvme_path");
+    optimizer_nvme_ = make_store("optimizer", ZeroConfig::SwapTier::kOptimizer);
   }
   if (!managed_.empty() && config_.offload_param == OffloadTarget::kNvme) {
-    param_nvme_ = make_store("param", config_.param_nvme_path, "offload_param.device nvme",
-                             "offload_param.nvme_path");
-    offload::ParamSwapperConfig pc;
-    pc.buffer_count = config_.param_buffer_count;
-    pc.buffer_size = config_.param_buffer_size;
-    pc.max_in_cpu = config_.param_max_in_cpu;
-    pc.element_bytes = dtype_size(dtype_);
-    param_swapper_ = std::make_unique<offload::ParamSwapper>(pc, *param_nvme_, &accelerator_);
+    param_nvme_ = make_store("param", ZeroConfig::SwapTier::kParam);
+    param_swapper_ = std::make_unique<offload::ParamSwapper>(param_swapper_config(config_),
+                                                             *param_nvme_, &accelerator_);
   }
   if (config_.activation_offload == OffloadTarget::kNvme) {
-    activation_nvme_ = make_store("activation", config_.activation_nvme_path,
-                                  "zinf.activation_offload \"nvme\"", "offload_param.nvme_path");
+    activation_nvme_ = make_store("activation", ZeroConfig::SwapTier::kActivation);
   }
   if (config_.activation_offload != OffloadTarget::kNone) {
     activation_offload_ =
         std::make_unique<ActivationOffload>(config_.activation_offload, activation_nvme_.get());
   }
-  optimizer_ = std::make_unique<PartitionedOptimizer>(
-      *layout_, config_, cpu_optimizer_, optimizer_nvme_.get(), &accelerator_, comm_, stage0);
+  optimizer_ = std::make_unique<PartitionedOptimizer>(*layout_, config_, cpu_optimizer_,
+                                                      optimizer_nvme_.get(), &accelerator_, comm_,
+                                                      config_.stage == 0);
   if (!managed_.empty()) {
     ParamStore::Options so;
     so.tier = config_.offload_param;
@@ -244,9 +233,12 @@ void ZeroModel::partition(const Initializer& initializer) {
     store_ = std::make_unique<ParamStore>(so, *layout_, std::move(layout_params), accelerator_,
                                           comm_, param_swapper_.get());
   }
+}
 
-  // Every parameter's initial values: full fp32 (rank 0's, or the initializer's), this rank's
-  // slice to the optimizer, and the compute-precision copy to where the parameter lives.
+// Every parameter's initial values: full fp32 (rank 0's, or the initializer's), this rank's
+// slice to the optimizer, and the compute-precision copy to where the parameter lives.
+void ZeroModel::place_initial_values(const Initializer& initializer) {
+  const int world = comm_.world_size();
   const size_t element = dtype_size(dtype_);
   std::vector<float> slice;
   std::vector<std::byte> slice16;
@@ -287,42 +279,38 @@ void ZeroModel::partition(const Initializer& initializer) {
     }
   }
   optimizer_->finish_master();
+}
 
-  if (store_) {
-    std::vector<uint64_t> numels_managed;
-    std::vector<std::vector<size_t>> block_params(blocks_.size());
-    std::vector<bool> persistent;
-    uint64_t persistent_total = 0;
-    for (size_t m = 0; m < managed_.size(); ++m) {
-      const Param& p = params_[managed_[m]];
-      numels_managed.push_back(p.numel);
-      const bool small = p.numel <= config_.param_persistence_threshold &&
-                         persistent_total + p.numel <= config_.model_persistence_threshold;
-      if (small) {
-        persistent_total += p.numel;
-      }
-      persistent.push_back(small);
-    }
-    for (size_t b = 0; b < blocks_.size(); ++b) {
-      for (size_t i : blocks_[b].params) {
-        if (params_[i].managed >= 0) {
-          block_params[b].push_back(static_cast<size_t>(params_[i].managed));
-        }
-      }
-    }
-    CoordinatorConfig cc;
-    cc.prefetch_bucket_size = config_.prefetch_bucket_size;
-    cc.max_live_parameters = config_.max_live_parameters;
-    cc.max_reuse_distance = config_.max_reuse_distance;
-    // Micro-batches follow each other with the same parameters until step() or
-    // refresh_from_master(), which release everything first.
-    cc.keep_across_passes = true;
-    coordinator_ = std::make_unique<ParamCoordinator>(
-        cc, std::move(numels_managed), std::move(block_params), std::move(persistent), *store_);
-    store_->set_callbacks([this](size_t m, void* data) { bind(params_[managed_[m]], data); },
-                          [this](size_t m) { unbind(params_[managed_[m]]); });
+// The coordinator of the managed parameters: which stay gathered (persistence thresholds, in
+// managed order), which each block uses, and the store's bind/unbind callbacks.
+void ZeroModel::build_coordinator() {
+  std::vector<uint64_t> numels_managed;
+  for (size_t i : managed_) {
+    numels_managed.push_back(params_[i].numel);
   }
+  std::vector<bool> persistent = ParamCoordinator::persistent_params(
+      numels_managed, config_.param_persistence_threshold, config_.model_persistence_threshold);
+  std::vector<std::vector<size_t>> block_params(blocks_.size());
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    for (size_t i : blocks_[b].params) {
+      if (params_[i].managed >= 0) {
+        block_params[b].push_back(static_cast<size_t>(params_[i].managed));
+      }
+    }
+  }
+  CoordinatorConfig cc = coordinator_config(config_);
+  // Micro-batches follow each other with the same parameters until step() or
+  // refresh_from_master(), which release everything first.
+  cc.keep_across_passes = true;
+  coordinator_ = std::make_unique<ParamCoordinator>(
+      cc, std::move(numels_managed), std::move(block_params), std::move(persistent), *store_);
+  store_->set_callbacks([this](size_t m, void* data) { bind(params_[managed_[m]], data); },
+                        [this](size_t m) { unbind(params_[managed_[m]]); });
+}
 
+// Where each gradient goes: the reducer (told how many contributions a parameter used in
+// several places gets), the tied router, and a hook on each parameter used outside the blocks.
+void ZeroModel::route_gradients() {
   reducer_ =
       std::make_unique<GradReducer>(*layout_, config_, comm_, dtype_, *optimizer_, accelerator_);
   outside_grad_seen_.assign(params_.size(), false);
@@ -498,6 +486,8 @@ void ZeroModel::add_grad(size_t param_index, const torch::Tensor& grad) {
   reducer_->add(static_cast<size_t>(p.layout_index), g);
 }
 
+// The step: release the gathered parameters, update the sub-groups (each updated piece
+// written to where its parameter lives), gather the resident parameters afresh.
 OptimizerStepOutcome ZeroModel::step(int64_t step, double loss_scale) {
   if (in_micro_batch_ || in_eval_) {
     throw ZeroError("step() inside a micro-batch or an evaluation");
@@ -505,41 +495,42 @@ OptimizerStepOutcome ZeroModel::step(int64_t step, double loss_scale) {
   if (coordinator_) {
     coordinator_->release_all();  // the slices are about to change
   }
-  OptimizerStepOutcome outcome;
-  // The slices' write-backs go out together (one write batch) and run on behind the next
-  // forward; the previous step's batch is waited for first (its failure fails this step).
-  if (store_) {
-    store_->end_write_batch();
-    store_->begin_write_batch();
-  }
-  try {
-    outcome = optimizer_->step(step, loss_scale,
-                               [this](uint64_t offset, const void* data, uint64_t numel) {
-                                 write_updated(offset, data, numel);
-                               });
-  } catch (...) {
-    // Store the updated values handed over so far, as a write of each piece would have.
-    if (store_) {
-      try {
-        store_->flush_writes();
-      } catch (...) {
-        // The step's own error is the one to report.
-      }
-      try {
-        store_->end_write_batch();
-      } catch (...) {
-        // Likewise.
-      }
-    }
-    throw;
-  }
-  if (store_) {
-    store_->flush_writes();  // slices the step handed over in part (none in a full step)
-    store_->close_write_batch();
-  }
+  const OptimizerStepOutcome outcome = update_sub_groups(step, loss_scale);
   if (!outcome.skipped) {
     gather_resident();
   }
+  return outcome;
+}
+
+// The slices' write-backs go out together (one write batch) and run on behind the next
+// forward; the previous step's batch is waited for first (its failure fails this step).
+OptimizerStepOutcome ZeroModel::update_sub_groups(int64_t step, double loss_scale) {
+  const offload::ParamCopySink sink = [this](uint64_t offset, const void* data, uint64_t numel) {
+    write_updated(offset, data, numel);
+  };
+  if (!store_) {
+    return optimizer_->step(step, loss_scale, sink);
+  }
+  store_->end_write_batch();
+  store_->begin_write_batch();
+  OptimizerStepOutcome outcome;
+  try {
+    outcome = optimizer_->step(step, loss_scale, sink);
+  } catch (...) {
+    // Store the updated values handed over so far, as a write of each piece would have; the
+    // step's own error is the one to report.
+    try {
+      store_->flush_writes();
+    } catch (...) {
+    }
+    try {
+      store_->end_write_batch();
+    } catch (...) {
+    }
+    throw;
+  }
+  store_->flush_writes();  // slices the step handed over in part (none in a full step)
+  store_->close_write_batch();
   return outcome;
 }
 

@@ -192,8 +192,14 @@ class ZeroModel {
 
   void collect(torch::nn::Module& root);
   void partition(const Initializer& initializer);
+  void lay_out();
+  void build_tiers();
+  void place_initial_values(const Initializer& initializer);
+  void build_coordinator();
+  void route_gradients();
   void bind(Param& param, void* data);
   void unbind(Param& param);
+  OptimizerStepOutcome update_sub_groups(int64_t step, double loss_scale);
   void write_updated(uint64_t offset, const void* data, uint64_t numel);
   void gather_resident();
   void add_grad(size_t param_index, const torch::Tensor& grad);

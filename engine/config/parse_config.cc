@@ -745,21 +745,31 @@ void check_offload(ParseContext& ctx, RunConfig& c) {
     }
   }
 
-  // Swap folders: zinf.nvme_paths when given, else each nvme tier's own nvme_path.
-  std::vector<std::string> paths = c.zinf.nvme_paths;
-  auto add = [&](zero::OffloadTarget device, const std::string& path, const char* block) {
+  // Swap folders: zinf.nvme_paths when given, else each nvme tier's own nvme_path; each
+  // with the key it came from.
+  std::vector<std::string>& paths = c.zero.nvme_paths;
+  std::vector<std::string>& keys = c.nvme_path_keys;
+  paths = c.zinf.nvme_paths;
+  for (size_t i = 0; i < paths.size(); ++i) keys.push_back(fmt::format("zinf.nvme_paths[{}]", i));
+  auto add = [&](const std::string& path, const std::string& key) {
+    if (std::find(paths.begin(), paths.end(), path) == paths.end()) {
+      paths.push_back(path);
+      keys.push_back(key);
+    }
+  };
+  auto add_tier = [&](zero::OffloadTarget device, const std::string& path, const char* block) {
     if (device != zero::OffloadTarget::kNvme || !c.zinf.nvme_paths.empty()) return;
+    const std::string key = fmt::format("zero_optimization.{}.nvme_path", block);
     if (path.empty()) {
-      ctx.fail(fmt::format("zero_optimization.{}.nvme_path", block),
+      ctx.fail(key,
                fmt::format("missing: zero_optimization.{}.device is \"nvme\"; set nvme_path to "
                            "a folder on the NVMe drive (or list folders in zinf.nvme_paths)",
                            block));
     }
-    if (std::find(paths.begin(), paths.end(), path) == paths.end()) paths.push_back(path);
+    add(path, key);
   };
-  add(z.offload_param, c.zero_extra.param_nvme_path, "offload_param");
-  add(z.offload_optimizer, c.zero_extra.optimizer_nvme_path, "offload_optimizer");
-  c.zero.nvme_paths = std::move(paths);
+  add_tier(z.offload_param, c.zero_extra.param_nvme_path, "offload_param");
+  add_tier(z.offload_optimizer, c.zero_extra.optimizer_nvme_path, "offload_optimizer");
   // Activation offload: zinf.activation_offload, else DeepSpeed's cpu_checkpointing. On NVMe
   // the saved inputs go to zinf.nvme_paths, else to the parameters' folder, else the
   // optimizer's.
@@ -773,19 +783,17 @@ void check_offload(ParseContext& ctx, RunConfig& c) {
                          device_name(*c.zinf.activation_offload)));
   }
   if (c.zero.activation_offload == zero::OffloadTarget::kNvme && c.zinf.nvme_paths.empty()) {
-    const std::string& folder = !c.zero_extra.param_nvme_path.empty()
-                                    ? c.zero_extra.param_nvme_path
-                                    : c.zero_extra.optimizer_nvme_path;
+    const bool params = !c.zero_extra.param_nvme_path.empty();
+    const std::string& folder =
+        params ? c.zero_extra.param_nvme_path : c.zero_extra.optimizer_nvme_path;
     if (folder.empty()) {
       ctx.fail("zinf.activation_offload",
                "\"nvme\" needs a swap folder: set zero_optimization.offload_param.nvme_path "
                "(or offload_optimizer.nvme_path, or zinf.nvme_paths)");
     }
     c.zero.activation_nvme_path = folder;
-    if (std::find(c.zero.nvme_paths.begin(), c.zero.nvme_paths.end(), folder) ==
-        c.zero.nvme_paths.end()) {
-      c.zero.nvme_paths.push_back(folder);
-    }
+    add(folder, params ? "zero_optimization.offload_param.nvme_path"
+                       : "zero_optimization.offload_optimizer.nvme_path");
   }
   // Without zinf.nvme_paths each tier keeps to its own folder (DeepSpeed's meaning).
   if (c.zinf.nvme_paths.empty()) {
@@ -810,7 +818,8 @@ void detail::apply_precision(RunConfig& c) {
                                                 : zero::Precision::kFloat32;
 }
 
-RunConfig parse_config_json(const nlohmann::json& root, const std::string& source) {
+RunConfig parse_config_json(const nlohmann::json& root, const std::string& source,
+                            const ParseOverrides& overrides) {
   ParseContext ctx;
   ctx.source = source;
   if (!root.is_object()) {
@@ -832,6 +841,7 @@ RunConfig parse_config_json(const nlohmann::json& root, const std::string& sourc
   parse_monitors(top, c);
   parse_checkpoint(top, c);
   parse_zinf(top, c);
+  if (!overrides.nvme_paths.empty()) c.zinf.nvme_paths = overrides.nvme_paths;
   parse_unsupported_features(top, c);
   top.finish({"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
               "optimizer", "scheduler", "fp16", "bf16", "gradient_clipping", "steps_per_print",

@@ -226,16 +226,10 @@ void Resolver::accelerator() {
                                                 : ctx_.cuda_unavailable_reason);
 }
 
-// The key a swap folder came from, for messages.
+// The key a swap folder came from, for messages (a RunConfig made by hand may lack them).
 std::string nvme_path_key(const RunConfig& c, size_t index) {
-  if (!c.zinf.nvme_paths.empty()) return fmt::format("zinf.nvme_paths[{}]", index);
-  const std::string& path = c.zero.nvme_paths[index];
-  if ((c.zero.offload_param == zero::OffloadTarget::kNvme ||
-       c.zero.activation_offload == zero::OffloadTarget::kNvme) &&
-      c.zero_extra.param_nvme_path == path) {
-    return "zero_optimization.offload_param.nvme_path";
-  }
-  return "zero_optimization.offload_optimizer.nvme_path";
+  return index < c.nvme_path_keys.size() ? c.nvme_path_keys[index]
+                                         : fmt::format("zero.nvme_paths[{}]", index);
 }
 
 }  // namespace

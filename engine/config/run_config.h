@@ -224,6 +224,9 @@ struct RunConfig {
   // zero_optimization, fp16 loss scaling, gradient_clipping, communication_data_type, aio,
   // and zinf.nvme_paths / swap_checksums / comm_timeout_s, as the zero layer reads them.
   zero::ZeroConfig zero;
+  // The key each of zero.nvme_paths came from (same order), for messages:
+  // "zinf.nvme_paths[1]", "zero_optimization.offload_param.nvme_path".
+  std::vector<std::string> nvme_path_keys;
   ZeroExtraConfig zero_extra;
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
@@ -255,10 +258,16 @@ struct RunConfig {
 // The same for JSON text; `source` names it in messages.
 [[nodiscard]] RunConfig parse_config_string(std::string_view text,
                                             const std::string& source = "config");
-// The same for a parsed document (a caller may edit it first, e.g. to apply command-line
-// overrides such as zinf.nvme_paths).
+// Values given beside the file (zinf train's flags), applied as the file is read, before
+// anything is decided from them.
+struct ParseOverrides {
+  std::vector<std::string> nvme_paths;  // replaces zinf.nvme_paths when not empty
+};
+
+// The same for a parsed document.
 [[nodiscard]] RunConfig parse_config_json(const nlohmann::json& root,
-                                          const std::string& source = "config");
+                                          const std::string& source = "config",
+                                          const ParseOverrides& overrides = {});
 
 // "auto" is written as a string in the file; this is the one spelling accepted.
 inline constexpr std::string_view kAuto = "auto";

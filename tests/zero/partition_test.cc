@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tests/common/seed.h"
+#include "zero/error.h"
 
 namespace zinf::zero {
 namespace {
@@ -108,13 +109,13 @@ TEST(PartitionLayout, PaddingOnlySlicesOfTheLastRanks) {
 }
 
 TEST(PartitionLayout, RejectsBadArguments) {
-  EXPECT_THROW(PartitionLayout({1}, 0, 0, 1), std::invalid_argument);
-  EXPECT_THROW(PartitionLayout({1}, 2, 2, 1), std::invalid_argument);
-  EXPECT_THROW(PartitionLayout({1}, 1, 0, 0), std::invalid_argument);
+  EXPECT_THROW(PartitionLayout({1}, 0, 0, 1), ZeroError);
+  EXPECT_THROW(PartitionLayout({1}, 2, 2, 1), ZeroError);
+  EXPECT_THROW(PartitionLayout({1}, 1, 0, 0), ZeroError);
   try {
     PartitionLayout({3, 0}, 1, 0, 1);
     FAIL() << "a parameter without elements was accepted";
-  } catch (const std::invalid_argument& e) {
+  } catch (const ZeroError& e) {
     EXPECT_NE(std::string(e.what()).find("parameter 1"), std::string::npos) << e.what();
   }
 }
