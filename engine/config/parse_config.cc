@@ -1,6 +1,7 @@
 // parse_config(): DeepSpeed's JSON schema, block by block, into RunConfig. The order below is
 // the order of DeepSpeed's documentation page; the rules that involve several blocks run at
-// the end, once everything is read.
+// the end, once everything is read. One file over 800 lines because it is one schema: each
+// block's parser is short, and the cross-block rules need every block read.
 #include <fmt/format.h>
 
 #include <algorithm>

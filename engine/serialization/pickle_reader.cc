@@ -1,3 +1,6 @@
+// read_pickle's interpreter (engine/serialization/pickle_reader.h). One file over 800 lines
+// because it is one machine: the stack, the memo and the dispatch over every opcode of
+// protocols 2-5 (Reader::step) share its state, and the opcode names are its messages'.
 #include "engine/serialization/pickle_reader.h"
 
 #include <bit>
@@ -424,6 +427,8 @@ PickleValue* Reader::call(PickleValue* callable, PickleValue* args, bool newobj,
   return document_.object(module, name, args, newobj, kwargs, at);
 }
 
+// One opcode of the pickle machine: a dispatch over the format's opcodes (one case each,
+// grouped as the protocol groups them), long because the format has that many.
 bool Reader::step() {
   const uint64_t at = opcode_offset_;
   switch (opcode_) {
@@ -690,6 +695,7 @@ bool Reader::step() {
 
 }  // namespace
 
+// A dispatch over the format's opcodes: one name per opcode, for messages.
 const char* pickle_opcode_name(uint8_t opcode) {
   switch (opcode) {
     case op::kMark:

@@ -204,6 +204,134 @@ ZipReader ZipReader::from_bytes(std::span<const uint8_t> bytes, std::string name
   return reader;
 }
 
+namespace {
+
+// A central directory entry's fields that its local header must repeat.
+struct CentralFields {
+  uint16_t method = 0;
+  uint16_t name_length = 0;
+  uint64_t length = 0;  // the entry's bytes in the directory: header, name, extra, comment
+};
+
+// Central directory entry `i` at `at` (the directory ends at `dir_end`): its name, size, CRC
+// and local header offset, after the checks that need only the entry.
+ZipEntry read_central_entry(const Bytes& in, uint64_t at, uint64_t i, uint64_t dir_end,
+                            CentralFields& fields) {
+  if (dir_end - at < kCentralHeaderSize) {
+    in.fail(at,
+            "central directory entry " + std::to_string(i) + " runs past the central directory");
+  }
+  if (in.u32(at) != kCentralSignature) {
+    in.fail(at, "bad central directory entry signature (entry " + std::to_string(i) + ")");
+  }
+  const uint16_t flags = in.u16(at + 8);
+  fields.method = in.u16(at + 10);
+  const uint32_t crc = in.u32(at + 16);
+  const uint32_t compressed32 = in.u32(at + 20);
+  const uint32_t size32 = in.u32(at + 24);
+  fields.name_length = in.u16(at + 28);
+  const uint16_t extra_length = in.u16(at + 30);
+  const uint16_t comment_length = in.u16(at + 32);
+  const uint16_t disk = in.u16(at + 34);
+  const uint32_t offset32 = in.u32(at + 42);
+  const uint64_t variable = uint64_t{fields.name_length} + extra_length + comment_length;
+  if (variable > dir_end - at - kCentralHeaderSize) {
+    in.fail(at, "central directory entry " + std::to_string(i) +
+                    " (name, extra and comment) runs past the central directory");
+  }
+  if (fields.name_length == 0) {
+    in.fail(at, "central directory entry " + std::to_string(i) + " has an empty name");
+  }
+  fields.length = kCentralHeaderSize + variable;
+  ZipEntry entry;
+  entry.name = std::string(in.text(at + kCentralHeaderSize, fields.name_length));
+  if (fields.method != kMethodStored) {
+    in.fail(at, "record '" + entry.name + "' is compressed (method " +
+                    std::to_string(fields.method) + "); only stored records are supported");
+  }
+  if ((flags & kFlagEncrypted) != 0) {
+    in.fail(at, "record '" + entry.name + "' is encrypted");
+  }
+  if (disk != 0 && disk != 0xFFFF) {
+    in.fail(at, "record '" + entry.name + "' starts on another disk");
+  }
+  Zip64Values wide{size32, compressed32, offset32};
+  read_zip64_extra(in, at + kCentralHeaderSize + fields.name_length, extra_length,
+                   size32 == 0xFFFFFFFF, compressed32 == 0xFFFFFFFF, offset32 == 0xFFFFFFFF, wide,
+                   entry.name);
+  if (wide.size != wide.compressed) {
+    in.fail(at, "stored record '" + entry.name + "' has compressed size " +
+                    std::to_string(wide.compressed) + " != size " + std::to_string(wide.size));
+  }
+  entry.size = wide.size;
+  entry.crc32 = crc;
+  entry.local_header_offset = wide.offset;
+  return entry;
+}
+
+// The local header of `entry` (its central entry at `at`) must agree with the central entry
+// and lie, with its data, before the central directory at `dir_offset`. Sets data_offset.
+void check_local_header(const Bytes& in, uint64_t at, const CentralFields& fields,
+                        uint64_t dir_offset, ZipEntry& entry) {
+  const uint64_t local = entry.local_header_offset;
+  if (local > dir_offset || dir_offset - local < kLocalHeaderSize) {
+    in.fail(at, "local header offset " + std::to_string(local) + " of '" + entry.name +
+                    "' is not before the central directory");
+  }
+  if (in.u32(local) != kLocalSignature) {
+    in.fail(local, "bad local header signature for '" + entry.name + "'");
+  }
+  const uint16_t local_flags = in.u16(local + 6);
+  const uint16_t local_name_length = in.u16(local + 26);
+  const uint16_t local_extra_length = in.u16(local + 28);
+  if (in.u16(local + 8) != fields.method) {
+    in.fail(local, "local header of '" + entry.name + "' disagrees on the method");
+  }
+  if (local_name_length != fields.name_length ||
+      in.text(local + kLocalHeaderSize, local_name_length) != entry.name) {
+    in.fail(local, "local header name differs from the central directory's '" + entry.name + "'");
+  }
+  if ((local_flags & kFlagDataDescriptor) == 0) {
+    const uint32_t local_compressed32 = in.u32(local + 18);
+    const uint32_t local_size32 = in.u32(local + 22);
+    Zip64Values local_wide{local_size32, local_compressed32, 0};
+    read_zip64_extra(in, local + kLocalHeaderSize + local_name_length, local_extra_length,
+                     local_size32 == 0xFFFFFFFF, local_compressed32 == 0xFFFFFFFF, false,
+                     local_wide, entry.name);
+    if (in.u32(local + 14) != entry.crc32 || local_wide.size != entry.size ||
+        local_wide.compressed != entry.size) {
+      in.fail(local, "local header of '" + entry.name +
+                         "' disagrees with the central directory on CRC or sizes");
+    }
+  }
+  entry.data_offset = local + kLocalHeaderSize + local_name_length + local_extra_length;
+  if (entry.data_offset > dir_offset || entry.size > dir_offset - entry.data_offset) {
+    in.fail(entry.data_offset, "data of '" + entry.name + "' (" + std::to_string(entry.size) +
+                                   " bytes) runs into the central directory or past the end");
+  }
+}
+
+// No two records may share bytes.
+void check_no_overlap(const Bytes& in, const std::vector<ZipEntry>& entries) {
+  std::vector<const ZipEntry*> by_offset;
+  by_offset.reserve(entries.size());
+  for (const ZipEntry& entry : entries) by_offset.push_back(&entry);
+  std::sort(by_offset.begin(), by_offset.end(), [](const ZipEntry* a, const ZipEntry* b) {
+    return a->local_header_offset < b->local_header_offset;
+  });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const ZipEntry& previous = *by_offset[i - 1];
+    if (by_offset[i]->local_header_offset < previous.data_offset + previous.size) {
+      in.fail(by_offset[i]->local_header_offset,
+              "record '" + by_offset[i]->name + "' overlaps record '" + previous.name + "'");
+    }
+  }
+}
+
+}  // namespace
+
+// The end records, then every central directory entry with its local header, then overlaps
+// and (optionally) the CRCs.
 void ZipReader::parse(const Options& options) {
   static_assert(std::endian::native == std::endian::little, "zip fields are read in place");
   const Bytes in(bytes_, name_);
@@ -220,117 +348,18 @@ void ZipReader::parse(const Options& options) {
                             std::to_string(dir.size) + " bytes");
   }
   entries_.reserve(static_cast<size_t>(dir.entries));
-
   uint64_t at = dir.offset;
-  const uint64_t dir_end = dir.offset + dir.size;
   for (uint64_t i = 0; i < dir.entries; ++i) {
-    if (dir_end - at < kCentralHeaderSize) {
-      in.fail(at,
-              "central directory entry " + std::to_string(i) + " runs past the central directory");
-    }
-    if (in.u32(at) != kCentralSignature) {
-      in.fail(at, "bad central directory entry signature (entry " + std::to_string(i) + ")");
-    }
-    const uint16_t flags = in.u16(at + 8);
-    const uint16_t method = in.u16(at + 10);
-    const uint32_t crc = in.u32(at + 16);
-    const uint32_t compressed32 = in.u32(at + 20);
-    const uint32_t size32 = in.u32(at + 24);
-    const uint16_t name_length = in.u16(at + 28);
-    const uint16_t extra_length = in.u16(at + 30);
-    const uint16_t comment_length = in.u16(at + 32);
-    const uint16_t disk = in.u16(at + 34);
-    const uint32_t offset32 = in.u32(at + 42);
-    const uint64_t variable = uint64_t{name_length} + extra_length + comment_length;
-    if (variable > dir_end - at - kCentralHeaderSize) {
-      in.fail(at, "central directory entry " + std::to_string(i) +
-                      " (name, extra and comment) runs past the central directory");
-    }
-    if (name_length == 0) {
-      in.fail(at, "central directory entry " + std::to_string(i) + " has an empty name");
-    }
-    ZipEntry entry;
-    entry.name = std::string(in.text(at + kCentralHeaderSize, name_length));
-    if (method != kMethodStored) {
-      in.fail(at, "record '" + entry.name + "' is compressed (method " + std::to_string(method) +
-                      "); only stored records are supported");
-    }
-    if ((flags & kFlagEncrypted) != 0) {
-      in.fail(at, "record '" + entry.name + "' is encrypted");
-    }
-    if (disk != 0 && disk != 0xFFFF) {
-      in.fail(at, "record '" + entry.name + "' starts on another disk");
-    }
-    Zip64Values wide{size32, compressed32, offset32};
-    read_zip64_extra(in, at + kCentralHeaderSize + name_length, extra_length, size32 == 0xFFFFFFFF,
-                     compressed32 == 0xFFFFFFFF, offset32 == 0xFFFFFFFF, wide, entry.name);
-    if (wide.size != wide.compressed) {
-      in.fail(at, "stored record '" + entry.name + "' has compressed size " +
-                      std::to_string(wide.compressed) + " != size " + std::to_string(wide.size));
-    }
-    entry.size = wide.size;
-    entry.crc32 = crc;
-    entry.local_header_offset = wide.offset;
-
-    // The local header must agree with the central entry.
-    const uint64_t local = wide.offset;
-    if (local > dir.offset || dir.offset - local < kLocalHeaderSize) {
-      in.fail(at, "local header offset " + std::to_string(local) + " of '" + entry.name +
-                      "' is not before the central directory");
-    }
-    if (in.u32(local) != kLocalSignature) {
-      in.fail(local, "bad local header signature for '" + entry.name + "'");
-    }
-    const uint16_t local_flags = in.u16(local + 6);
-    const uint16_t local_name_length = in.u16(local + 26);
-    const uint16_t local_extra_length = in.u16(local + 28);
-    if (in.u16(local + 8) != method) {
-      in.fail(local, "local header of '" + entry.name + "' disagrees on the method");
-    }
-    if (local_name_length != name_length ||
-        in.text(local + kLocalHeaderSize, local_name_length) != entry.name) {
-      in.fail(local, "local header name differs from the central directory's '" + entry.name + "'");
-    }
-    if ((local_flags & kFlagDataDescriptor) == 0) {
-      const uint32_t local_compressed32 = in.u32(local + 18);
-      const uint32_t local_size32 = in.u32(local + 22);
-      Zip64Values local_wide{local_size32, local_compressed32, 0};
-      read_zip64_extra(in, local + kLocalHeaderSize + local_name_length, local_extra_length,
-                       local_size32 == 0xFFFFFFFF, local_compressed32 == 0xFFFFFFFF, false,
-                       local_wide, entry.name);
-      if (in.u32(local + 14) != crc || local_wide.size != entry.size ||
-          local_wide.compressed != entry.size) {
-        in.fail(local, "local header of '" + entry.name +
-                           "' disagrees with the central directory on CRC or sizes");
-      }
-    }
-    entry.data_offset = local + kLocalHeaderSize + local_name_length + local_extra_length;
-    if (entry.data_offset > dir.offset || entry.size > dir.offset - entry.data_offset) {
-      in.fail(entry.data_offset, "data of '" + entry.name + "' (" + std::to_string(entry.size) +
-                                     " bytes) runs into the central directory or past the end");
-    }
+    CentralFields fields;
+    ZipEntry entry = read_central_entry(in, at, i, dir.offset + dir.size, fields);
+    check_local_header(in, at, fields, dir.offset, entry);
     if (!index_.emplace(entry.name, entries_.size()).second) {
       in.fail(at, "duplicate record name '" + entry.name + "'");
     }
     entries_.push_back(std::move(entry));
-    at += kCentralHeaderSize + variable;
+    at += fields.length;
   }
-
-  // No two records may share bytes.
-  std::vector<const ZipEntry*> by_offset;
-  by_offset.reserve(entries_.size());
-  for (const ZipEntry& entry : entries_) by_offset.push_back(&entry);
-  std::sort(by_offset.begin(), by_offset.end(), [](const ZipEntry* a, const ZipEntry* b) {
-    return a->local_header_offset < b->local_header_offset;
-  });
-  for (size_t i = 1; i < by_offset.size(); ++i) {
-    const ZipEntry& previous = *by_offset[i - 1];
-    if (by_offset[i]->local_header_offset < previous.data_offset + previous.size) {
-      in.fail(by_offset[i]->local_header_offset,
-              "record '" + by_offset[i]->name + "' overlaps record '" + previous.name + "'");
-    }
-  }
-
+  check_no_overlap(in, entries_);
   if (options.verify_crc) {
     for (const ZipEntry& entry : entries_) {
       const uint32_t actual = crc32_update(0, data(entry));

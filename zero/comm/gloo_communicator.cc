@@ -1,3 +1,7 @@
+// GlooCommunicator's implementation (zero/comm/gloo_communicator.h). One file over 800 lines
+// because it is one object: the worker thread that runs the collectives, the heartbeat that
+// watches the peers, and the diagnosis that names a dead or silent rank share the Impl's
+// state (the store, the collectives' sequence numbers, the deadlines).
 #include "zero/comm/gloo_communicator.h"
 
 #include <ATen/ATen.h>
