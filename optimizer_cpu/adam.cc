@@ -50,6 +50,13 @@ void AdamOptimizer::set_lr(float lr) {
   config_.lr = lr;
 }
 
+bool AdamOptimizer::set_beta1(float beta1) {
+  AdamConfig c = config();
+  c.beta1 = beta1;
+  set_config(c);
+  return true;
+}
+
 std::string_view AdamOptimizer::name() const noexcept {
   return adamw_mode_.load(std::memory_order_relaxed) ? "adamw" : "adam";
 }

@@ -51,6 +51,7 @@ class AdamOptimizer final : public Optimizer {
 
   [[nodiscard]] float lr() const override;
   void set_lr(float lr) override;
+  bool set_beta1(float beta1) override;  // set_config with beta1 changed
   [[nodiscard]] std::string_view name() const noexcept override;
   [[nodiscard]] OptimizerKind kind() const noexcept override;
 

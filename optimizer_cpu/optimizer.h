@@ -154,6 +154,13 @@ class Optimizer {
   // finite.
   [[nodiscard]] virtual float lr() const = 0;
   virtual void set_lr(float lr) = 0;
+  // Sets the first moment's decay (Adam's beta1) for a schedule that cycles it (DeepSpeed's
+  // OneCycle cycles momentum). Returns false, changing nothing, for an optimizer that takes no
+  // such schedule (Adagrad, Lion); throws like set_lr for a value out of range.
+  virtual bool set_beta1(float beta1) {
+    (void)beta1;
+    return false;
+  }
 
   // "adam", "adamw", "adagrad" or "lion".
   [[nodiscard]] virtual std::string_view name() const noexcept = 0;

@@ -353,5 +353,30 @@ TEST(ArgumentTest, InvalidArgumentsThrowNamingTheParameter) {
   EXPECT_EQ(adam.lr(), 0.5f);
 }
 
+// set_beta1 (a schedule cycling momentum): Adam's beta1 changes and nothing else, checked
+// like set_config; the optimizers without a first-moment schedule say no and keep theirs.
+TEST(OptimizerTest, SetBeta1ChangesAdamsBeta1Only) {
+  AdamConfig config;
+  config.lr = 0.01f;
+  config.beta1 = 0.9f;
+  config.beta2 = 0.95f;
+  config.adamw_mode = true;
+  AdamOptimizer adam(config);
+  Optimizer& any = adam;
+  EXPECT_TRUE(any.set_beta1(0.85f));
+  const AdamConfig after = adam.config();
+  EXPECT_EQ(after.beta1, 0.85f);
+  EXPECT_EQ(after.beta2, 0.95f);
+  EXPECT_EQ(after.lr, 0.01f);
+  EXPECT_TRUE(after.adamw_mode);
+  expect_invalid([&] { (void)any.set_beta1(1.5f); }, "beta1");
+  EXPECT_EQ(adam.config().beta1, 0.85f);
+  LionOptimizer lion;
+  AdagradOptimizer adagrad;
+  EXPECT_FALSE(static_cast<Optimizer&>(lion).set_beta1(0.5f));
+  EXPECT_FALSE(static_cast<Optimizer&>(adagrad).set_beta1(0.5f));
+  EXPECT_EQ(lion.config().beta1, LionConfig{}.beta1);
+}
+
 }  // namespace
 }  // namespace zinf::optimizer_cpu::testing
