@@ -1,5 +1,7 @@
 // Checkpoints of an Engine in DeepSpeed's layout (../shared/reference/checkpoint-format.md):
-// Engine::save_checkpoint / Engine::load_checkpoint are defined in engine/checkpoint.cc; this
+// Engine::save_checkpoint / prepare_checkpoint / load_checkpoint (engine/checkpoint.cc) check
+// the step boundary and call the engine's checkpoint::Checkpointer (engine/checkpoint/
+// checkpointer.h, which maps the files that hold the save, the load and their pieces); this
 // header holds what they exchange with the caller and the file names they use.
 //
 //   <dir>/latest                         the tag of the newest complete checkpoint (no newline)
@@ -56,6 +58,10 @@
 #include <vector>
 
 namespace zinf::engine {
+
+namespace checkpoint {
+class Checkpointer;  // engine/checkpoint/checkpointer.h
+}  // namespace checkpoint
 
 // Caller values saved in the model-states file beside DeepSpeed's keys (DeepSpeed's
 // client_state), and given back by load_checkpoint.

@@ -240,9 +240,10 @@ class Engine {
   // The prepared save to show the next optimizer step to, or nullptr (engine/checkpoint.cc).
   offload::StepObserver* prepared_observer() noexcept;
   void prepared_step_done(bool applied) noexcept;
-  struct PreparedSave;  // engine/checkpoint.cc
-  struct PreparedSaveDelete {
-    void operator()(PreparedSave* p) const noexcept;
+  // The checkpoint calls' Checkpointer (engine/checkpoint/checkpointer.h), made at the first.
+  checkpoint::Checkpointer& checkpointer();
+  struct CheckpointerDelete {
+    void operator()(checkpoint::Checkpointer* c) const noexcept;
   };
 
   EngineOptions options_;
@@ -267,8 +268,8 @@ class Engine {
   double forward_seconds_ = 0.0, backward_seconds_ = 0.0, step_seconds_ = 0.0;
   StepReport report_;
   zero::ZeroModelStats last_stats_;  // at the previous step, for per-step deltas
-  // Last: ends (its writer thread joined) before the model it observes.
-  std::unique_ptr<PreparedSave, PreparedSaveDelete> prepared_save_;
+  // Last: ends (a prepared save's writer thread joined) before the model it observes.
+  std::unique_ptr<checkpoint::Checkpointer, CheckpointerDelete> checkpointer_;
 };
 
 // A description of `root`'s parameters for the memory plan (the same walk ZeroModel makes).
