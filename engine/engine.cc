@@ -326,20 +326,35 @@ void Engine::abandon_step() {
   step_started_ = false;
 }
 
+// One optimizer step after the last micro-batch: the schedules' values for it, the update
+// of the sub-groups (seen by a prepared save), the step counters and the loss scale, then the
+// step's report.
 void Engine::apply_step() {
   const auto start = Clock::now();
   const int64_t next = applied_steps_ + 1;
-  const double lr = options_.lr_schedule ? options_.lr_schedule(next) : options_.optimizer.lr;
+  const double lr = apply_schedules(next);
+  const double scale = scaler_.scale();
+  bool watched = false;
+  const zero::OptimizerStepOutcome outcome = update_model(next, scale, watched);
+  step_seconds_ = seconds_since(start);
+  count_step(outcome, scale, watched);
+  report_step(outcome, lr, scale);
+}
+
+// The LR schedule's value for `step` (and the momentum schedule's, for an optimizer that
+// takes one); returns the LR.
+double Engine::apply_schedules(int64_t step) {
+  const double lr = options_.lr_schedule ? options_.lr_schedule(step) : options_.optimizer.lr;
   optimizer_->set_lr(static_cast<float>(lr));
   if (options_.beta1_schedule) {
-    if (auto* adam = dynamic_cast<optimizer_cpu::AdamOptimizer*>(optimizer_.get())) {
-      optimizer_cpu::AdamConfig c = adam->config();
-      c.beta1 = static_cast<float>(options_.beta1_schedule(next));
-      adam->set_config(c);
-    }
+    (void)optimizer_->set_beta1(static_cast<float>(options_.beta1_schedule(step)));
   }
-  const double scale = scaler_.scale();
-  // A save prepared for after this step sees the sub-groups as the step updates them.
+  return lr;
+}
+
+// The model's optimizer step. A save prepared for after this step sees the sub-groups as the
+// step updates them (`watched`).
+zero::OptimizerStepOutcome Engine::update_model(int64_t step, double scale, bool& watched) {
   offload::OptimizerSwapper* swapper = nullptr;
   if (offload::StepObserver* observer = prepared_observer()) {
     swapper = &model_->optimizer().swapper();
@@ -351,15 +366,19 @@ void Engine::apply_step() {
       if (swapper != nullptr) swapper->set_step_observer(nullptr);
     }
   } detach{swapper};
-  const zero::OptimizerStepOutcome outcome = model_->step(next, scale);
-  step_seconds_ = seconds_since(start);
+  watched = swapper != nullptr;
+  return model_->step(step, scale);
+}
+
+// The step counters, the prepared save's verdict and the loss scale.
+void Engine::count_step(const zero::OptimizerStepOutcome& outcome, double scale, bool watched) {
   ++global_steps_;
   if (outcome.skipped) {
     ++skipped_steps_;
   } else {
     ++applied_steps_;
   }
-  if (swapper != nullptr) prepared_step_done(!outcome.skipped);
+  if (watched) prepared_step_done(!outcome.skipped);
   scaler_.update(outcome.skipped);
   if (outcome.skipped) {
     log(fmt::format(
@@ -367,8 +386,11 @@ void Engine::apply_step() {
         scaler_.dynamic() ? fmt::format(" (loss scale {} -> {})", scale, scaler_.scale())
                           : std::string()));
   }
+}
 
-  // The loss of the global batch: this rank's micro-batch mean, averaged over the ranks.
+// The step's report: the global batch's loss (this rank's micro-batch mean, averaged over the
+// ranks), the monitors' events and the printed line.
+void Engine::report_step(const zero::OptimizerStepOutcome& outcome, double lr, double scale) {
   double loss = loss_sum_ / gradient_accumulation_steps();
   if (comm_->world_size() > 1) {
     zero::host_all_reduce(*comm_, *accelerator_, &loss, 1, zero::DType::kFloat64,

@@ -237,6 +237,10 @@ class Engine {
   void log(const std::string& line) const;
   void emit(const std::string& event, double value) const;
   void apply_step();
+  double apply_schedules(int64_t step);
+  zero::OptimizerStepOutcome update_model(int64_t step, double scale, bool& watched);
+  void count_step(const zero::OptimizerStepOutcome& outcome, double scale, bool watched);
+  void report_step(const zero::OptimizerStepOutcome& outcome, double lr, double scale);
   // The prepared save to show the next optimizer step to, or nullptr (engine/checkpoint.cc).
   offload::StepObserver* prepared_observer() noexcept;
   void prepared_step_done(bool applied) noexcept;
