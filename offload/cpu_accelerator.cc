@@ -101,18 +101,7 @@ class CpuStream final : public Stream {
       drained_.wait(lock, [&] { return done_ >= target; });
       error = std::exchange(first_error_, nullptr);
     }
-    if (error) {
-      try {
-        std::rethrow_exception(error);
-      } catch (const OffloadError&) {
-        throw;
-      } catch (const std::exception& e) {
-        throw OffloadError(ErrorKind::kDevice,
-                           std::string("cpu stream: host function failed: ") + e.what());
-      } catch (...) {
-        throw OffloadError(ErrorKind::kDevice, "cpu stream: host function failed");
-      }
-    }
+    if (error) rethrow_host_function_error(error, "cpu stream");
   }
 
  private:

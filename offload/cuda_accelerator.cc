@@ -43,18 +43,7 @@ class CudaStream final : public Stream {
       std::lock_guard lock(mutex_);
       error = std::exchange(host_error_, nullptr);
     }
-    if (error) {
-      try {
-        std::rethrow_exception(error);
-      } catch (const OffloadError&) {
-        throw;
-      } catch (const std::exception& e) {
-        throw OffloadError(ErrorKind::kDevice,
-                           std::string("cuda stream: host function failed: ") + e.what());
-      } catch (...) {
-        throw OffloadError(ErrorKind::kDevice, "cuda stream: host function failed");
-      }
-    }
+    if (error) rethrow_host_function_error(error, "cuda stream");
   }
 
   void note_host_error(std::exception_ptr error) {

@@ -27,4 +27,17 @@ std::string_view to_string(ErrorKind kind) noexcept {
 OffloadError::OffloadError(ErrorKind kind, const std::string& message)
     : std::runtime_error("zinf offload: " + message), kind_(kind) {}
 
+void rethrow_host_function_error(std::exception_ptr error, std::string_view stream) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const OffloadError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw OffloadError(ErrorKind::kDevice,
+                       std::string(stream) + ": host function failed: " + e.what());
+  } catch (...) {
+    throw OffloadError(ErrorKind::kDevice, std::string(stream) + ": host function failed");
+  }
+}
+
 }  // namespace zinf::offload

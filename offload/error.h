@@ -10,6 +10,7 @@
 // Nothing in this layer asserts a runtime condition or exits the process.
 #pragma once
 
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -38,5 +39,9 @@ class OffloadError : public std::runtime_error {
  private:
   ErrorKind kind_;
 };
+
+// Throws `error` (a host function's failure on `stream`, e.g. "cpu stream") as an
+// OffloadError: unchanged when it is one, else kDevice naming the stream and its message.
+[[noreturn]] void rethrow_host_function_error(std::exception_ptr error, std::string_view stream);
 
 }  // namespace zinf::offload
