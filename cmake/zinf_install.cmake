@@ -105,7 +105,7 @@ while(_zinf_pending)
     if(TARGET ${_item})
       list(APPEND _zinf_pending ${_item})
     elseif(_item MATCHES "::" AND NOT _item IN_LIST _zinf_imported_deps)
-      # An imported target found in a sub-folder (find_package(ZLIB) in engine/serialization)
+      # An imported target found in a sub-folder (find_package(ZLIB) in serialization)
       # is not visible here, but the export names it all the same.
       list(APPEND _zinf_imported_deps ${_item})
     endif()

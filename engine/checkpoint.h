@@ -40,7 +40,7 @@
 // is complete), fsyncs `<dir>` and at last replaces `latest` atomically. A save killed at any
 // point leaves `latest` naming a complete checkpoint. So does a power loss, which takes back
 // what was not fsynced: every change a save makes to the disk goes through
-// serialization::FileSystem (engine/serialization/file_system.h; tests put a power-loss fake
+// serialization::FileSystem (serialization/file_system.h; tests put a power-loss fake
 // there), and `<dir>`'s parent is fsynced too, so a `<dir>` made by the save, or just before
 // it, survives with the checkpoint once the save returned.
 //

@@ -7,9 +7,9 @@
 #include <span>
 #include <vector>
 
-#include "engine/serialization/pickle_reader.h"
-#include "engine/serialization/pickle_writer.h"
-#include "engine/serialization/serialization_error.h"
+#include "serialization/pickle_reader.h"
+#include "serialization/pickle_writer.h"
+#include "serialization/serialization_error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using zinf::serialization::PickleDocument;

@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <span>
 
-#include "engine/serialization/safetensors.h"
-#include "engine/serialization/serialization_error.h"
+#include "serialization/safetensors.h"
+#include "serialization/serialization_error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace zinf::serialization;  // NOLINT(google-build-using-namespace)

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <span>
 
-#include "engine/serialization/serialization_error.h"
-#include "engine/serialization/zip_reader.h"
+#include "serialization/serialization_error.h"
+#include "serialization/zip_reader.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using zinf::serialization::SerializationError;

@@ -13,7 +13,7 @@
 #include <stdexcept>
 #include <system_error>
 
-#include "engine/serialization/file_system.h"
+#include "serialization/file_system.h"
 
 namespace zinf::tools {
 namespace {

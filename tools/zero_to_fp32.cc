@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "aio/pinned_budget.h"
-#include "engine/consolidate/checkpoint_plan.h"
-#include "engine/consolidate/consolidate_writer.h"
+#include "consolidate/checkpoint_plan.h"
+#include "consolidate/consolidate_writer.h"
 #include "tools/byte_size.h"
 #include "tools/progress.h"
 

@@ -1,6 +1,6 @@
 // `zinf zero-to-fp32`: DeepSpeed's zero_to_fp32.py without its failures. Reads a ZeRO
 // checkpoint folder (stages 0-3, DeepSpeed's or zinf's) and writes the consolidated weights as
-// Hugging Face named torch .bin or safetensors files, streaming (engine/consolidate).
+// Hugging Face named torch .bin or safetensors files, streaming (consolidate).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -25,7 +25,7 @@ struct ZeroToFp32Options {
 };
 
 // Runs the conversion, printing progress and the summary; throws on any error (see
-// engine/consolidate/checkpoint_plan.h and consolidate_writer.h).
+// consolidate/checkpoint_plan.h and consolidate_writer.h).
 void run_zero_to_fp32(const ZeroToFp32Options& options);
 
 // Registers the subcommand; its callback sets exit_code (0; 2 with one line on stderr for an

@@ -23,7 +23,7 @@
 #include "engine/checkpoint/file_builder.h"
 #include "engine/checkpoint/partition_stream.h"
 #include "engine/engine.h"
-#include "engine/serialization/pickle_value.h"
+#include "serialization/pickle_value.h"
 #include "zero/loss_scaler.h"
 
 namespace zinf::engine::checkpoint {

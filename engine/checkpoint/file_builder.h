@@ -18,8 +18,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/serialization/pickle_value.h"
-#include "engine/serialization/torch_archive.h"
+#include "serialization/pickle_value.h"
+#include "serialization/torch_archive.h"
 
 namespace zinf::engine::checkpoint {
 

@@ -17,7 +17,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/engine.h"
-#include "engine/serialization/atomic_file.h"
+#include "serialization/atomic_file.h"
 
 namespace zinf::engine {
 namespace checkpoint {

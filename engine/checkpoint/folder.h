@@ -16,7 +16,7 @@
 #include <filesystem>
 #include <string>
 
-#include "engine/serialization/file_system.h"
+#include "serialization/file_system.h"
 
 namespace zinf::engine::checkpoint {
 

@@ -27,7 +27,7 @@
 #include "engine/checkpoint/file_builder.h"
 #include "engine/checkpoint/folder.h"
 #include "engine/checkpoint/partition_stream.h"
-#include "engine/serialization/torch_archive.h"
+#include "serialization/torch_archive.h"
 #include "zero/host_collectives.h"
 
 namespace zinf::engine::checkpoint {

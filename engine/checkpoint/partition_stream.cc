@@ -12,8 +12,8 @@
 #include <new>
 
 #include "engine/checkpoint/folder.h"
-#include "engine/serialization/serialization_error.h"
-#include "engine/serialization/zip_reader.h"
+#include "serialization/serialization_error.h"
+#include "serialization/zip_reader.h"
 
 namespace zinf::engine::checkpoint {
 namespace {

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "aio/handle.h"
-#include "engine/serialization/torch_archive.h"
 #include "offload/optimizer_swapper.h"
 #include "optimizer_cpu/optimizer.h"
+#include "serialization/torch_archive.h"
 #include "zero/partition.h"
 #include "zero/zero_model.h"
 

@@ -12,9 +12,9 @@
 #include "engine/checkpoint.h"
 #include "engine/checkpoint/checkpointer.h"
 #include "engine/checkpoint/folder.h"
-#include "engine/serialization/file_system.h"
-#include "engine/serialization/serialization_error.h"
-#include "engine/serialization/zip_reader.h"
+#include "serialization/file_system.h"
+#include "serialization/serialization_error.h"
+#include "serialization/zip_reader.h"
 
 namespace zinf::engine::checkpoint {
 namespace {

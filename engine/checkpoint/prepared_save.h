@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "engine/checkpoint/partition_stream.h"
-#include "engine/serialization/torch_archive.h"
 #include "offload/optimizer_swapper.h"
+#include "serialization/torch_archive.h"
 
 namespace zinf::engine::checkpoint {
 

@@ -23,7 +23,7 @@
 #include "engine/checkpoint/folder.h"
 #include "engine/checkpoint/partition_stream.h"
 #include "engine/checkpoint/prepared_save.h"
-#include "engine/serialization/torch_archive.h"
+#include "serialization/torch_archive.h"
 #include "zero/comm/torch_dtype.h"
 #include "zero/host_collectives.h"
 

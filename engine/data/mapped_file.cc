@@ -1,7 +1,7 @@
 #include "engine/data/mapped_file.h"
 
 #include "engine/data/data.h"
-#include "engine/serialization/serialization_error.h"
+#include "serialization/serialization_error.h"
 
 namespace zinf::data::detail {
 

@@ -1,5 +1,5 @@
 // map_file: a whole file mapped read-only for the token sources of engine/data, through
-// engine/serialization's MappedFile (one mapping class for the project). Internal to
+// serialization's MappedFile (one mapping class for the project). Internal to
 // zinf_data.
 //
 // Errors are DataError: the text of MappedFile's error (the path and the errno text of the
@@ -11,7 +11,7 @@
 
 #include <string>
 
-#include "engine/serialization/mapped_file.h"
+#include "serialization/mapped_file.h"
 
 namespace zinf::data::detail {
 

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "engine/data/data.h"
-#include "engine/serialization/serialization_error.h"
-#include "engine/serialization/sha256.h"
+#include "serialization/serialization_error.h"
+#include "serialization/sha256.h"
 
 namespace zinf::data {
 namespace {

@@ -13,7 +13,7 @@
 #include <set>
 #include <vector>
 
-#include "engine/serialization/serialization_error.h"
+#include "serialization/serialization_error.h"
 
 namespace zinf::engine {
 namespace {

@@ -3,7 +3,7 @@
 // model.safetensors.index.json.
 //
 // HfCheckpoint::open() reads config.json into a LlamaConfig and maps the weight files
-// (engine/serialization's readers: nothing is read but their headers), then checks the whole
+// (serialization's readers: nothing is read but their headers), then checks the whole
 // folder before any weight is used, so a bad folder fails before training starts with one
 // message naming the file and the tensor or key:
 //   - config.json: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads
@@ -39,7 +39,7 @@
 #include <string>
 
 #include "engine/model/llama.h"
-#include "engine/serialization/safetensors.h"
+#include "serialization/safetensors.h"
 #include "zero/zero_model.h"
 
 namespace zinf::engine {

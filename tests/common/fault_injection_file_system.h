@@ -40,7 +40,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/serialization/file_system.h"
+#include "serialization/file_system.h"
 
 namespace zinf::testing {
 

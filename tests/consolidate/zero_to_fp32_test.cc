@@ -17,13 +17,13 @@
 #include <string>
 #include <vector>
 
-#include "engine/consolidate/checkpoint_plan.h"
-#include "engine/consolidate/consolidate_writer.h"
-#include "engine/serialization/safetensors.h"
-#include "engine/serialization/serialization_error.h"
-#include "engine/serialization/torch_archive.h"
-#include "engine/serialization/zip_reader.h"
-#include "engine/serialization/zip_writer.h"
+#include "consolidate/checkpoint_plan.h"
+#include "consolidate/consolidate_writer.h"
+#include "serialization/safetensors.h"
+#include "serialization/serialization_error.h"
+#include "serialization/torch_archive.h"
+#include "serialization/zip_reader.h"
+#include "serialization/zip_writer.h"
 #include "tests/common/temp_dir.h"
 #include "tests/serialization/serialization_test_util.h"
 #include "tests/tools/test_system.h"

@@ -14,8 +14,8 @@
 
 #include "engine/engine.h"
 #include "engine/model/llama.h"
-#include "engine/serialization/safetensors.h"
-#include "engine/serialization/torch_archive.h"
+#include "serialization/safetensors.h"
+#include "serialization/torch_archive.h"
 #include "tests/common/run_logged.h"
 #include "tests/common/temp_dir.h"
 #include "tests/engine/tiny_llama.h"

@@ -19,8 +19,8 @@
 
 #include "engine/engine.h"
 #include "engine/model/llama.h"
-#include "engine/serialization/serialization_error.h"
-#include "engine/serialization/torch_archive.h"
+#include "serialization/serialization_error.h"
+#include "serialization/torch_archive.h"
 #include "tests/common/multi_process.h"
 #include "tests/common/seed.h"
 #include "tests/common/temp_dir.h"

@@ -25,7 +25,7 @@
 
 #include "engine/engine.h"
 #include "engine/model/llama.h"
-#include "engine/serialization/safetensors.h"
+#include "serialization/safetensors.h"
 #include "tests/common/multi_process.h"
 #include "tests/common/run_logged.h"
 #include "tests/common/temp_dir.h"

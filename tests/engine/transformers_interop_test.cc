@@ -20,7 +20,7 @@
 
 #include "engine/model/hf_checkpoint.h"
 #include "engine/model/llama.h"
-#include "engine/serialization/safetensors.h"
+#include "serialization/safetensors.h"
 #include "tests/common/run_logged.h"
 #include "tests/common/temp_dir.h"
 #include "tests/common/venv.h"

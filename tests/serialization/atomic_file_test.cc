@@ -1,7 +1,7 @@
 // AtomicFile's O_DIRECT path against its buffered path and against the bytes the operations
 // describe: random appends of odd sizes (around the 4 KiB block and the 16 MiB stage), holes,
 // patches of bytes already written, staged and in flight, and a tail that fills no block.
-#include "engine/serialization/atomic_file.h"
+#include "serialization/atomic_file.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/serialization/serialization_error.h"
+#include "serialization/serialization_error.h"
 #include "tests/common/seed.h"
 #include "tests/common/temp_dir.h"
 

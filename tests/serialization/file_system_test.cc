@@ -1,10 +1,10 @@
-// The FileSystem seam (engine/serialization/file_system.h) and the power-loss fake built on it
+// The FileSystem seam (serialization/file_system.h) and the power-loss fake built on it
 // (tests/common/fault_injection_file_system.h): the fake takes back exactly what was not
 // synced — file bytes past the last fsync, directory entries changed since the directory's
 // last fsync, newest first — and nothing that was; AtomicFile, with the power failing at
 // every one of its calls in turn, leaves its path holding the old bytes or the new ones, and
 // the new ones once commit() returned.
-#include "engine/serialization/file_system.h"
+#include "serialization/file_system.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/serialization/atomic_file.h"
-#include "engine/serialization/serialization_error.h"
+#include "serialization/atomic_file.h"
+#include "serialization/serialization_error.h"
 #include "tests/common/fault_injection_file_system.h"
 #include "tests/common/seed.h"
 #include "tests/common/temp_dir.h"

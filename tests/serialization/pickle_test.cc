@@ -16,10 +16,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/serialization/pickle_reader.h"
-#include "engine/serialization/pickle_value.h"
-#include "engine/serialization/pickle_writer.h"
-#include "engine/serialization/serialization_error.h"
+#include "serialization/pickle_reader.h"
+#include "serialization/pickle_value.h"
+#include "serialization/pickle_writer.h"
+#include "serialization/serialization_error.h"
 #include "tests/common/seed.h"
 #include "tests/common/temp_dir.h"
 #include "tests/serialization/pickle_test_util.h"

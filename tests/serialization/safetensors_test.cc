@@ -2,7 +2,7 @@
 // Python read by zinf and zinf's files parsed by hand in Python, the sharded form and its
 // index, and malformed headers (every truncation, lying sizes, overlaps, gaps, huge lengths,
 // negative and overflowing values, bad indexes) ending in SerializationError.
-#include "engine/serialization/safetensors.h"
+#include "serialization/safetensors.h"
 
 #include <gtest/gtest.h>
 
@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/serialization/serialization_error.h"
-#include "engine/serialization/zip_reader.h"
+#include "serialization/serialization_error.h"
+#include "serialization/zip_reader.h"
 #include "tests/common/seed.h"
 #include "tests/common/temp_dir.h"
 #include "tests/serialization/serialization_test_util.h"

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/serialization/serialization_error.h"
+#include "serialization/serialization_error.h"
 
 namespace zinf::serialization::testing {
 

@@ -1,6 +1,6 @@
 // SHA-256 against FIPS 180-4's examples and against coreutils' sha256sum on inputs of every
 // length around the block and padding boundaries, fed whole and in uneven pieces.
-#include "engine/serialization/sha256.h"
+#include "serialization/sha256.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/serialization/serialization_error.h"
+#include "serialization/serialization_error.h"
 #include "tests/common/temp_dir.h"
 
 namespace zinf::serialization {

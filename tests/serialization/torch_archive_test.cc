@@ -1,7 +1,7 @@
 // TorchArchive against torch.save files made by /usr/bin/python3 (torch 1.13), and
 // TorchArchiveWriter's files loaded by torch.load, with weights_only=True where torch 1.13's
 // restricted unpickler allows the values (see pickle_writer.h).
-#include "engine/serialization/torch_archive.h"
+#include "serialization/torch_archive.h"
 
 #include <gtest/gtest.h>
 
@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/serialization/pickle_reader.h"
-#include "engine/serialization/pickle_writer.h"
-#include "engine/serialization/serialization_error.h"
+#include "serialization/pickle_reader.h"
+#include "serialization/pickle_writer.h"
+#include "serialization/serialization_error.h"
 #include "tests/common/temp_dir.h"
 #include "tests/serialization/pickle_test_util.h"
 

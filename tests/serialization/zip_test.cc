@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/serialization/serialization_error.h"
-#include "engine/serialization/zip_reader.h"
-#include "engine/serialization/zip_writer.h"
+#include "serialization/serialization_error.h"
+#include "serialization/zip_reader.h"
+#include "serialization/zip_writer.h"
 #include "tests/common/seed.h"
 #include "tests/common/temp_dir.h"
 #include "tests/serialization/serialization_test_util.h"

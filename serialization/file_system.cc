@@ -1,4 +1,4 @@
-#include "engine/serialization/file_system.h"
+#include "serialization/file_system.h"
 
 #include <dirent.h>
 #include <fcntl.h>

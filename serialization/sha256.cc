@@ -1,4 +1,4 @@
-#include "engine/serialization/sha256.h"
+#include "serialization/sha256.h"
 
 #include <fmt/format.h>
 
@@ -7,7 +7,7 @@
 #include <fstream>
 #include <vector>
 
-#include "engine/serialization/serialization_error.h"
+#include "serialization/serialization_error.h"
 
 namespace zinf::serialization {
 namespace {

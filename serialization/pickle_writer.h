@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/serialization/pickle_value.h"
+#include "serialization/pickle_value.h"
 
 namespace zinf::serialization {
 

@@ -1,4 +1,4 @@
-#include "engine/consolidate/checkpoint_plan.h"
+#include "consolidate/checkpoint_plan.h"
 
 #include <algorithm>
 #include <charconv>
@@ -11,9 +11,9 @@
 #include <string_view>
 #include <utility>
 
-#include "engine/consolidate/element_convert.h"
-#include "engine/serialization/serialization_error.h"
-#include "engine/serialization/zip_reader.h"
+#include "consolidate/element_convert.h"
+#include "serialization/serialization_error.h"
+#include "serialization/zip_reader.h"
 
 namespace zinf::consolidate {
 

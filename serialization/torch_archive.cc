@@ -1,11 +1,11 @@
-#include "engine/serialization/torch_archive.h"
+#include "serialization/torch_archive.h"
 
 #include <utility>
 #include <vector>
 
-#include "engine/serialization/pickle_reader.h"
-#include "engine/serialization/pickle_writer.h"
-#include "engine/serialization/serialization_error.h"
+#include "serialization/pickle_reader.h"
+#include "serialization/pickle_writer.h"
+#include "serialization/serialization_error.h"
 
 namespace zinf::serialization {
 

@@ -27,7 +27,7 @@
 #include <span>
 #include <string>
 
-#include "engine/serialization/pickle_value.h"
+#include "serialization/pickle_value.h"
 
 namespace zinf::serialization {
 

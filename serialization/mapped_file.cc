@@ -1,4 +1,4 @@
-#include "engine/serialization/mapped_file.h"
+#include "serialization/mapped_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <utility>
 
-#include "engine/serialization/serialization_error.h"
+#include "serialization/serialization_error.h"
 
 namespace zinf::serialization {
 namespace {

@@ -1,4 +1,4 @@
-#include "engine/serialization/zip_writer.h"
+#include "serialization/zip_writer.h"
 
 #include <fcntl.h>
 #include <stdlib.h>
@@ -12,9 +12,9 @@
 #include <cstring>
 #include <filesystem>
 
-#include "engine/serialization/serialization_error.h"
-#include "engine/serialization/zip_format.h"
-#include "engine/serialization/zip_reader.h"
+#include "serialization/serialization_error.h"
+#include "serialization/zip_format.h"
+#include "serialization/zip_reader.h"
 
 namespace zinf::serialization {
 namespace {

@@ -53,8 +53,8 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/consolidate/checkpoint_plan.h"
-#include "engine/consolidate/element_convert.h"
+#include "consolidate/checkpoint_plan.h"
+#include "consolidate/element_convert.h"
 
 namespace zinf::consolidate {
 

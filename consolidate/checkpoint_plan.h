@@ -37,7 +37,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/serialization/torch_archive.h"
+#include "serialization/torch_archive.h"
 
 namespace zinf::consolidate {
 

@@ -33,12 +33,12 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/serialization/mapped_file.h"
+#include "serialization/mapped_file.h"
 
 namespace zinf::serialization {
 
 // CRC-32 (the zip/zlib polynomial) of `bytes`, continuing from `crc` (0 to start): zlib's
-// crc32 values, computed by libdeflate where the build found it (engine/serialization's
+// crc32 values, computed by libdeflate where the build found it (serialization's
 // CMakeLists.txt). Thread-safe.
 [[nodiscard]] uint32_t crc32_update(uint32_t crc, std::span<const uint8_t> bytes);
 

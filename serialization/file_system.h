@@ -3,7 +3,7 @@
 // under the checkpoint writers and simulate a power loss (tests/common/fault_injection_file_
 // system.h, after LevelDB's FaultInjectionTestEnv). Every write of a checkpoint goes through
 // it: AtomicFile (and so the zip, torch-archive and safetensors writers) and the engine's
-// staging folder, renames, `latest` and removals (engine/checkpoint.cc).
+// staging folder, renames, `latest` and removals (engine/checkpoint/folder.cc).
 //
 // Only what changes the disk is here. Reads (mmap, stat, directory listings) go to the
 // system directly: a process reads the page cache, which holds what it wrote whether or not

@@ -10,8 +10,8 @@
 #include <optional>
 #include <string_view>
 
-#include "engine/serialization/pickle_value.h"
-#include "engine/serialization/safetensors.h"
+#include "serialization/pickle_value.h"
+#include "serialization/safetensors.h"
 
 namespace zinf::consolidate {
 

@@ -1,4 +1,4 @@
-#include "engine/consolidate/consolidate_writer.h"
+#include "consolidate/consolidate_writer.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -22,11 +22,11 @@
 #include <stdexcept>
 #include <thread>
 
-#include "engine/serialization/atomic_file.h"
-#include "engine/serialization/safetensors.h"
-#include "engine/serialization/serialization_error.h"
-#include "engine/serialization/torch_archive.h"
-#include "engine/serialization/zip_reader.h"
+#include "serialization/atomic_file.h"
+#include "serialization/safetensors.h"
+#include "serialization/serialization_error.h"
+#include "serialization/torch_archive.h"
+#include "serialization/zip_reader.h"
 
 namespace zinf::consolidate {
 

@@ -1,4 +1,4 @@
-#include "engine/serialization/pickle_value.h"
+#include "serialization/pickle_value.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,7 @@
 #include <unordered_set>
 #include <utility>
 
-#include "engine/serialization/serialization_error.h"
+#include "serialization/serialization_error.h"
 
 namespace zinf::serialization {
 

@@ -1,4 +1,4 @@
-#include "engine/serialization/safetensors.h"
+#include "serialization/safetensors.h"
 
 #include <algorithm>
 #include <bit>
@@ -8,7 +8,7 @@
 #include <set>
 #include <utility>
 
-#include "engine/serialization/serialization_error.h"
+#include "serialization/serialization_error.h"
 
 namespace zinf::serialization {
 namespace {

@@ -27,9 +27,9 @@
 #include <string>
 #include <string_view>
 
-#include "engine/serialization/pickle_value.h"
-#include "engine/serialization/zip_reader.h"
-#include "engine/serialization/zip_writer.h"
+#include "serialization/pickle_value.h"
+#include "serialization/zip_reader.h"
+#include "serialization/zip_writer.h"
 
 namespace zinf::serialization {
 

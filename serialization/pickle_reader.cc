@@ -1,7 +1,7 @@
-// read_pickle's interpreter (engine/serialization/pickle_reader.h). One file over 800 lines
+// read_pickle's interpreter (serialization/pickle_reader.h). One file over 800 lines
 // because it is one machine: the stack, the memo and the dispatch over every opcode of
 // protocols 2-5 (Reader::step) share its state, and the opcode names are its messages'.
-#include "engine/serialization/pickle_reader.h"
+#include "serialization/pickle_reader.h"
 
 #include <bit>
 #include <cstdio>
@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/serialization/pickle_opcodes.h"
-#include "engine/serialization/serialization_error.h"
+#include "serialization/pickle_opcodes.h"
+#include "serialization/serialization_error.h"
 
 namespace zinf::serialization {
 

@@ -38,7 +38,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/serialization/atomic_file.h"
+#include "serialization/atomic_file.h"
 
 namespace zinf::serialization {
 

@@ -1,4 +1,4 @@
-#include "engine/serialization/pickle_writer.h"
+#include "serialization/pickle_writer.h"
 
 #include <bit>
 #include <cstring>
@@ -8,8 +8,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "engine/serialization/pickle_opcodes.h"
-#include "engine/serialization/serialization_error.h"
+#include "serialization/pickle_opcodes.h"
+#include "serialization/serialization_error.h"
 
 namespace zinf::serialization {
 

@@ -1,4 +1,4 @@
-#include "engine/consolidate/element_convert.h"
+#include "consolidate/element_convert.h"
 
 #include <bit>
 #include <cmath>

@@ -36,8 +36,8 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/serialization/atomic_file.h"
-#include "engine/serialization/mapped_file.h"
+#include "serialization/atomic_file.h"
+#include "serialization/mapped_file.h"
 
 namespace zinf::serialization {
 

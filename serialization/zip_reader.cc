@@ -1,4 +1,4 @@
-#include "engine/serialization/zip_reader.h"
+#include "serialization/zip_reader.h"
 
 #include <zlib.h>
 #ifdef ZINF_HAVE_LIBDEFLATE
@@ -10,8 +10,8 @@
 #include <cstring>
 #include <utility>
 
-#include "engine/serialization/serialization_error.h"
-#include "engine/serialization/zip_format.h"
+#include "serialization/serialization_error.h"
+#include "serialization/zip_format.h"
 
 namespace zinf::serialization {
 

@@ -1,4 +1,4 @@
-#include "engine/serialization/atomic_file.h"
+#include "serialization/atomic_file.h"
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
@@ -14,8 +14,8 @@
 #include <new>
 #include <random>
 
-#include "engine/serialization/file_system.h"
-#include "engine/serialization/serialization_error.h"
+#include "serialization/file_system.h"
+#include "serialization/serialization_error.h"
 
 namespace zinf::serialization {
 namespace {

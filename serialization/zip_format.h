@@ -1,6 +1,6 @@
 // Record layouts of the zip format (APPNOTE.TXT 6.3) shared by ZipReader and ZipWriter:
 // signatures, fixed header sizes, flags and extra-field ids. All fields are little-endian.
-// Internal to engine/serialization.
+// Internal to serialization.
 #pragma once
 
 #include <cstdint>
