@@ -36,6 +36,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/compute_memory.h"
+#include "engine/engine_error.h"
 #include "engine/memory_plan.h"
 #include "offload/accelerator.h"
 #include "optimizer_cpu/optimizer.h"
@@ -46,19 +47,6 @@
 #include "zero/zero_model.h"
 
 namespace zinf::engine {
-
-class EngineError : public std::runtime_error {
- public:
-  explicit EngineError(const std::string& message) : std::runtime_error(message) {}
-};
-
-// A memory plan that needs more than a tier gives (the accelerator budget, the pinned-memory
-// limit, the host memory available): the config or the model asks for more than this
-// machine has. A config error to the CLI (exit code 2).
-class PlanError : public EngineError {
- public:
-  explicit PlanError(const std::string& message) : EngineError(message) {}
-};
 
 // What check_memory_plan holds a plan to.
 struct PlanLimits {

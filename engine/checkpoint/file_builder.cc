@@ -7,7 +7,7 @@
 #include <algorithm>
 
 #include "engine/checkpoint/folder.h"
-#include "engine/engine.h"
+#include "engine/engine_error.h"
 
 namespace zinf::engine::checkpoint {
 namespace {

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "engine/checkpoint.h"
-#include "engine/engine.h"
+#include "engine/engine_error.h"
 #include "serialization/atomic_file.h"
 
 namespace zinf::engine {
