@@ -98,21 +98,22 @@ struct ZeroConfig {
   // swap folder (striped when there are several). The config layer never leaves an nvme tier
   // without one; a ZeroConfig filled by hand that does gets a ZeroError naming the fields.
   enum class SwapTier : uint8_t { kParam, kOptimizer, kActivation };
+  // "param", "optimizer", "activation": the tier's swap file stem and its own folder's field.
+  [[nodiscard]] static const char* swap_tier_name(SwapTier tier) noexcept {
+    return tier == SwapTier::kParam       ? "param"
+           : tier == SwapTier::kOptimizer ? "optimizer"
+                                          : "activation";
+  }
   [[nodiscard]] std::vector<std::string> swap_folders(SwapTier tier) const {
-    const bool param = tier == SwapTier::kParam, optimizer = tier == SwapTier::kOptimizer;
-    const std::string& own = param       ? param_nvme_path
-                             : optimizer ? optimizer_nvme_path
-                                         : activation_nvme_path;
+    const std::string& own = tier == SwapTier::kParam       ? param_nvme_path
+                             : tier == SwapTier::kOptimizer ? optimizer_nvme_path
+                                                            : activation_nvme_path;
     if (!own.empty()) return {own};
     if (nvme_paths.empty()) {
-      throw ZeroError(std::string("the ") +
-                      (param       ? "param"
-                       : optimizer ? "optimizer"
-                                   : "activation") +
-                      " swap store has no folder: set ZeroConfig::nvme_paths or its " +
-                      (param       ? "param_nvme_path"
-                       : optimizer ? "optimizer_nvme_path"
-                                   : "activation_nvme_path"));
+      const std::string name = swap_tier_name(tier);
+      throw ZeroError("the " + name +
+                      " swap store has no folder: set ZeroConfig::nvme_paths or its " + name +
+                      "_nvme_path");
     }
     return nvme_paths;
   }

@@ -195,25 +195,25 @@ void ZeroModel::lay_out() {
 // The swap stores of the tiers on NVMe, the param swapper, the activation offload, the
 // partitioned optimizer over the layout and the store of the managed parameters.
 void ZeroModel::build_tiers() {
-  auto make_store = [&](const char* name, ZeroConfig::SwapTier tier) {
+  auto make_store = [&](ZeroConfig::SwapTier tier) {
     offload::NvmeStoreConfig sc;
     sc.nvme_paths = config_.swap_folders(tier);
     sc.rank = comm_.rank();
-    sc.name = name;
+    sc.name = ZeroConfig::swap_tier_name(tier);
     sc.aio = config_.aio;
     sc.checksums = config_.swap_checksums;
     return std::make_unique<offload::NvmeStore>(sc);
   };
   if (config_.offload_optimizer == OffloadTarget::kNvme) {
-    optimizer_nvme_ = make_store("optimizer", ZeroConfig::SwapTier::kOptimizer);
+    optimizer_nvme_ = make_store(ZeroConfig::SwapTier::kOptimizer);
   }
   if (!managed_.empty() && config_.offload_param == OffloadTarget::kNvme) {
-    param_nvme_ = make_store("param", ZeroConfig::SwapTier::kParam);
+    param_nvme_ = make_store(ZeroConfig::SwapTier::kParam);
     param_swapper_ = std::make_unique<offload::ParamSwapper>(param_swapper_config(config_),
                                                              *param_nvme_, &accelerator_);
   }
   if (config_.activation_offload == OffloadTarget::kNvme) {
-    activation_nvme_ = make_store("activation", ZeroConfig::SwapTier::kActivation);
+    activation_nvme_ = make_store(ZeroConfig::SwapTier::kActivation);
   }
   if (config_.activation_offload != OffloadTarget::kNone) {
     activation_offload_ =

@@ -28,6 +28,8 @@
 #include "engine/checkpoint/folder.h"
 #include "engine/checkpoint/partition_stream.h"
 #include "serialization/torch_archive.h"
+#include "zero/device_tensor.h"
+#include "zero/error.h"
 #include "zero/host_collectives.h"
 
 namespace zinf::engine::checkpoint {
@@ -44,20 +46,11 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 }
 
 zero::DType comm_dtype(at::ScalarType t, const std::string& file) {
-  switch (t) {
-    case at::kFloat:
-      return zero::DType::kFloat32;
-    case at::kBFloat16:
-      return zero::DType::kBFloat16;
-    case at::kHalf:
-      return zero::DType::kFloat16;
-    case at::kDouble:
-      return zero::DType::kFloat64;
-    case at::kLong:
-      return zero::DType::kInt64;
-    default:
-      throw EngineError(
-          fmt::format("{}: a frozen parameter of {} cannot be gathered", file, c10::toString(t)));
+  try {
+    return zero::dtype_of(t);
+  } catch (const zero::ZeroError&) {
+    throw EngineError(
+        fmt::format("{}: a frozen parameter of {} cannot be gathered", file, c10::toString(t)));
   }
 }
 
