@@ -271,6 +271,9 @@ torch::Tensor Engine::forward(const std::function<torch::Tensor()>& compute) {
     step_started_ = true;
     forward_seconds_ = backward_seconds_ = step_seconds_ = 0.0;
   }
+  if (micro_batch_ + 1 == gradient_accumulation_steps()) {
+    arm_overlap();
+  }
   model_->begin_micro_batch(micro_batch_);
   in_micro_batch_ = true;
   const auto start = Clock::now();
@@ -337,8 +340,21 @@ void Engine::apply_step() {
   bool watched = false;
   const zero::OptimizerStepOutcome outcome = update_model(next, scale, watched);
   step_seconds_ = seconds_since(start);
+  last_overlap_wait_seconds_ = outcome.overlap_wait_seconds;
   count_step(outcome, scale, watched);
   report_step(outcome, lr, scale);
+}
+
+// zinf.overlap_optimizer: the last micro-batch's backward updates final sub-groups as it goes,
+// with the step's schedules and loss scale as they stand now (a skipped or clipped step
+// redoes them in update_model). Not while a prepared save waits to see every sub-group.
+void Engine::arm_overlap() {
+  if (!options_.zero.overlap_optimizer || prepared_observer() != nullptr) {
+    return;
+  }
+  const int64_t next = applied_steps_ + 1;
+  (void)apply_schedules(next);
+  model_->speculate_step(next, scaler_.scale());
 }
 
 // The LR schedule's value for `step` (and the momentum schedule's, for an optimizer that
@@ -427,6 +443,9 @@ void Engine::report_step(const zero::OptimizerStepOutcome& outcome, double lr, d
     emit("Train/Samples/elapsed_time_ms_backward_allreduce",
          model_->stats().reducer.wait_seconds * 1e3);
     emit("Train/Samples/elapsed_time_ms_step", step_seconds_ * 1e3);
+    if (options_.zero.overlap_optimizer) {
+      emit("Train/Samples/elapsed_time_ms_optimizer_wait", last_overlap_wait_seconds_ * 1e3);
+    }
   }
   if (options_.steps_per_print > 0 && global_steps_ % options_.steps_per_print == 0) {
     std::string line = fmt::format(
@@ -475,14 +494,21 @@ std::string Engine::breakdown() const {
   return fmt::format(
       "  time: forward {:.3f} s | backward {:.3f} s | step {:.3f} s | blocked on: param fetch "
       "{:.3f} s (prefetch misses {:.3f} s, all-gather {:.3f} s), gradient reduction {:.3f} s, "
-      "optimizer I/O {:.3f} s, param swap I/O {:.3f} s",
+      "optimizer I/O {:.3f} s, param swap I/O {:.3f} s{}",
       forward_seconds_, backward_seconds_, step_seconds_,
       s.params.wait_seconds - last_stats_.params.wait_seconds,
       s.coordinator.block_wait_seconds - last_stats_.coordinator.block_wait_seconds,
       s.params.gather_wait_seconds - last_stats_.params.gather_wait_seconds,
       s.reducer.wait_seconds - last_stats_.reducer.wait_seconds,
       s.optimizer_swap.io_wait_seconds - last_stats_.optimizer_swap.io_wait_seconds,
-      s.param_swap.io_wait_seconds - last_stats_.param_swap.io_wait_seconds);
+      s.param_swap.io_wait_seconds - last_stats_.param_swap.io_wait_seconds,
+      options_.zero.overlap_optimizer
+          ? fmt::format(" | overlap: waited for the optimizer {:.3f} s after the backward, "
+                        "{} sub-groups updated behind it, {} rolled back",
+                        s.overlap.wait_seconds - last_stats_.overlap.wait_seconds,
+                        s.overlap.committed - last_stats_.overlap.committed,
+                        s.overlap.rolled_back - last_stats_.overlap.rolled_back)
+          : std::string());
 }
 
 std::string Engine::counters_line() const {

@@ -225,6 +225,7 @@ class Engine {
   void log(const std::string& line) const;
   void emit(const std::string& event, double value) const;
   void apply_step();
+  void arm_overlap();
   double apply_schedules(int64_t step);
   zero::OptimizerStepOutcome update_model(int64_t step, double scale, bool& watched);
   void count_step(const zero::OptimizerStepOutcome& outcome, double scale, bool watched);
@@ -258,6 +259,7 @@ class Engine {
   std::chrono::steady_clock::time_point step_start_;
   bool step_started_ = false;
   double forward_seconds_ = 0.0, backward_seconds_ = 0.0, step_seconds_ = 0.0;
+  double last_overlap_wait_seconds_ = 0.0;  // the last step's wait for overlapped updates
   StepReport report_;
   zero::ZeroModelStats last_stats_;  // at the previous step, for per-step deltas
   // Last: ends (a prepared save's writer thread joined) before the model it observes.

@@ -120,6 +120,8 @@ void plan_optimizer(const PlanInputs& in, MemoryPlan& plan) {
   } else {
     plan.host += f.host;
   }
+  // zinf.overlap_optimizer: the speculated sub-groups' 16-bit params wait in host memory.
+  plan.host += zero::PartitionedOptimizer::overlap_host_bytes(z, cut.sizes());
 }
 
 // The saved block inputs and LibTorch's working set; what zinf.activation_offload moves

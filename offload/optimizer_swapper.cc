@@ -91,7 +91,10 @@ OptimizerSwapper::OptimizerSwapper(const OptimizerSwapperConfig& config,
     if (numel == 0) {
       throw OffloadError(ErrorKind::kConfig, "optimizer swapper: a sub-group of 0 elements");
     }
-    sub_groups_.push_back({numel_, numel, {}});
+    SubGroup sg;
+    sg.offset = numel_;
+    sg.numel = numel;
+    sub_groups_.push_back(std::move(sg));
     numel_ += numel;
     largest_ = std::max(largest_, numel);
   }
@@ -120,6 +123,14 @@ OptimizerSwapper::OptimizerSwapper(const OptimizerSwapperConfig& config,
         for (OptimizerState kind : kinds_) {
           sg.extents.push_back(store_->allocate(sg.numel * element_bytes(kind)));
         }
+        if (config_.speculate) {
+          sg.spare.reserve(kinds_.size());
+          for (OptimizerState kind : kinds_) {
+            sg.spare.push_back(kind == OptimizerState::kGrads
+                                   ? sg.extents.back()  // never used: the grads have no spare
+                                   : store_->allocate(sg.numel * element_bytes(kind)));
+          }
+        }
       }
       store_->reserve();  // fail now, with the numbers, rather than at the first write
       state_pool_ = std::make_unique<PinnedBufferPool>(
@@ -142,6 +153,8 @@ OptimizerSwapper::OptimizerSwapper(const OptimizerSwapperConfig& config,
     } else {
       for (OptimizerState kind : kinds_) {
         memory_.emplace_back(numel_ * element_bytes(kind));
+        undo_.emplace_back(
+            config_.speculate && kind != OptimizerState::kGrads ? numel_ * element_bytes(kind) : 0);
       }
       sets_.push_back(std::make_unique<BufferSet>());
       copy_pool_ = std::make_unique<PinnedBufferPool>(sets, copy_buffer_bytes(group), accelerator,
@@ -204,6 +217,10 @@ void OptimizerSwapper::free_extents() noexcept {
     return;
   }
   for (SubGroup& sg : sub_groups_) {
+    for (size_t k = 0; k < sg.spare.size(); ++k) {
+      if (kinds_[k] != OptimizerState::kGrads) sg.extents.push_back(sg.spare[k]);
+    }
+    sg.spare.clear();
     for (ExtentId extent : sg.extents) {
       try {
         store_->free(extent);
@@ -251,12 +268,19 @@ Footprint OptimizerSwapper::footprint(const OptimizerSwapperConfig& config,
   if (config.device != OffloadDevice::kNvme) {
     uint64_t numel = 0;
     for (const uint64_t n : config.sub_groups) numel += n;
-    for (OptimizerState kind : kinds) f.host += numel * element_bytes_of(kind, config);
+    for (OptimizerState kind : kinds) {
+      f.host += numel * element_bytes_of(kind, config);
+      if (config.speculate && kind != OptimizerState::kGrads) f.host += numel * 4;  // undo
+    }
     return f;
   }
   f.pinned += sets * kinds.size() * pinned_allocation(state_buffer_bytes(group));
   for (const uint64_t n : config.sub_groups) {  // an extent per sub-group and kind
-    for (OptimizerState kind : kinds) f.nvme += swap_extent(n * element_bytes_of(kind, config));
+    for (OptimizerState kind : kinds) {
+      const uint64_t extent = swap_extent(n * element_bytes_of(kind, config));
+      f.nvme += extent;
+      if (config.speculate && kind != OptimizerState::kGrads) f.nvme += extent;  // the spare
+    }
   }
   return f;
 }
@@ -383,7 +407,7 @@ void OptimizerSwapper::read_sub_group(OptimizerState state, size_t sub_group, vo
   if (const void* in_memory = held(state, sub_group)) {  // counted as a CPU read there
     std::memcpy(data, in_memory, bytes);
     return;
-  }
+  }  // (held() refuses the params and states of an undecided speculative update)
   store_->read(sub_groups_[sub_group].extents[kind_index(state)], data);
   counters_.add_nvme_read(bytes);
 }
@@ -391,6 +415,12 @@ void OptimizerSwapper::read_sub_group(OptimizerState state, size_t sub_group, vo
 const void* OptimizerSwapper::held(OptimizerState state, size_t sub_group) {
   const auto [offset, numel] = sub_group_range(sub_group);
   const size_t k = kind_index(state);
+  if (state != OptimizerState::kGrads &&
+      sub_groups_[sub_group].state == SubGroupState::kSpeculated) {
+    throw OffloadError(ErrorKind::kUsage, std::string(state_name(state)) + " of sub-group " +
+                                              std::to_string(sub_group) +
+                                              " read while a speculative update is undecided");
+  }
   if (store_ == nullptr) {
     counters_.add_cpu_read(numel * element_bytes(state));
     return memory_[k].data() + offset * element_bytes(state);
@@ -492,6 +522,19 @@ OptimizerStepReport OptimizerSwapper::step(const OptimizerStepOptions& options,
                                            const ParamCopySink& sink) {
   const auto start = std::chrono::steady_clock::now();
   OptimizerStepReport report;
+  for (const SubGroup& sg : sub_groups_) {
+    if (sg.state == SubGroupState::kSpeculated) {
+      throw OffloadError(ErrorKind::kUsage,
+                         "optimizer step with a speculative update neither committed nor rolled "
+                         "back");
+    }
+  }
+  struct Plain {  // the committed sub-groups count as plain again once the step has ended
+    std::vector<SubGroup>& groups;
+    ~Plain() {
+      for (SubGroup& sg : groups) sg.state = SubGroupState::kPlain;
+    }
+  } plain{sub_groups_};
   report.sub_groups = sub_groups_.size();
   if (store_ == nullptr) {
     step_in_memory(options, sink, report);
@@ -506,7 +549,8 @@ void OptimizerSwapper::step_in_memory(const OptimizerStepOptions& options,
                                       const ParamCopySink& sink, OptimizerStepReport& report) {
   PinnedBufferPool::Lease copy = copy_pool_->acquire();
   std::vector<void*> arrays(kinds_.size());
-  for (const SubGroup& sg : sub_groups_) {
+  for (const size_t g : step_order()) {
+    const SubGroup& sg = sub_groups_[g];
     uint64_t touched = 0;
     for (size_t k = 0; k < kinds_.size(); ++k) {
       arrays[k] = memory_[k].data() + sg.offset * element_bytes(kinds_[k]);
@@ -525,7 +569,6 @@ void OptimizerSwapper::step_in_memory(const OptimizerStepOptions& options,
     if (observer_ != nullptr) {
       // The next sub-group's update does not touch these arrays, but step() returns with
       // nothing shown still in use: release at once.
-      const size_t g = static_cast<size_t>(&sg - sub_groups_.data());
       show(g, arrays.data());
       observer_->release(g);
     }
@@ -544,8 +587,14 @@ void OptimizerSwapper::show(size_t sub_group, void* const* arrays) const noexcep
 void OptimizerSwapper::step_nvme(const OptimizerStepOptions& options, const ParamCopySink& sink,
                                  OptimizerStepReport& report) {
   const size_t set_count = sets_.size();
-  const size_t n = sub_groups_.size();
+  const std::vector<size_t> order = step_order();
+  const size_t n = order.size();
   const size_t grads = kind_index(OptimizerState::kGrads);
+  // Sub-group order[j] always passes through its own set, order[j] % set_count (the cache's
+  // rule). When a commit left gaps in the order, two neighbours may share a set: the later
+  // one's reads then wait for the earlier one's update and writes instead of running ahead.
+  auto set_of = [&](size_t j) -> BufferSet& { return *sets_[order[j] % set_count]; };
+  auto shares_set = [&](size_t j) { return j + 1 < n && &set_of(j + 1) == &set_of(j); };
   for (auto& set : sets_) {
     if (set->queue == nullptr) {  // closed after a failed step
       set->queue = make_queue();
@@ -557,14 +606,15 @@ void OptimizerSwapper::step_nvme(const OptimizerStepOptions& options, const Para
   };
   // Queue the reads of sub-group i into its set, once that set's previous writes are done.
   // Arrays the set still holds for sub-group i are not read again.
-  auto issue_reads = [&](size_t i) {
-    BufferSet& set = *sets_[i % set_count];
+  auto issue_reads = [&](size_t j) {
+    BufferSet& set = set_of(j);
     wait(set);
-    if (observer_ != nullptr && i >= set_count) {
-      observer_->release(i - set_count);  // the set's arrays were shown for that sub-group
+    if (observer_ != nullptr && j >= set_count) {
+      // The set's arrays were shown for that sub-group (an observed step has no gaps).
+      observer_->release(order[j - set_count]);
     }
-    set.hold(static_cast<long>(i));
-    const SubGroup& sg = sub_groups_[i];
+    set.hold(static_cast<long>(order[j]));
+    const SubGroup& sg = sub_groups_[order[j]];
     for (size_t k = 0; k < kinds_.size(); ++k) {
       if (set.valid[k] != 0) {
         continue;
@@ -579,14 +629,16 @@ void OptimizerSwapper::step_nvme(const OptimizerStepOptions& options, const Para
     if (n > 0) {
       issue_reads(0);
     }
-    for (size_t i = 0; i < n; ++i) {
-      // Sets of i-1 (writing), i (updating) and i+1 (reading) are distinct: sets =
-      // 1 + pipeline_read + pipeline_write.
-      if (config_.pipeline_read && i + 1 < n) {
-        issue_reads(i + 1);
+    for (size_t j = 0; j < n; ++j) {
+      // Sets of j-1 (writing), j (updating) and j+1 (reading) are distinct in a step without
+      // gaps: sets = 1 + pipeline_read + pipeline_write.
+      const bool read_ahead = config_.pipeline_read && j + 1 < n && !shares_set(j);
+      if (read_ahead) {
+        issue_reads(j + 1);
       }
-      BufferSet& set = *sets_[i % set_count];
-      wait(set);  // the reads of sub-group i
+      BufferSet& set = set_of(j);
+      wait(set);  // the reads of sub-group order[j]
+      const size_t i = order[j];
       const SubGroup& sg = sub_groups_[i];
       for (size_t k = 0; k < kinds_.size(); ++k) {
         arrays[k] = set.states[k].data();
@@ -610,27 +662,27 @@ void OptimizerSwapper::step_nvme(const OptimizerStepOptions& options, const Para
         set.queue->async_write(sg.extents[k], set.states[k].data());
         counters_.add_nvme_written(sg.numel * element_bytes(kinds_[k]));
       }
-      if (!config_.pipeline_write && i + 1 < n) {
+      if (!config_.pipeline_write && j + 1 < n) {
         wait(set);
       }
-      if (!config_.pipeline_read && i + 1 < n) {
-        issue_reads(i + 1);
+      if (!read_ahead && j + 1 < n) {
+        issue_reads(j + 1);
       }
     }
     // Every set's writes but the last sub-group's are waited for here (they were issued
     // earlier and have mostly ended); the last one's run behind the caller's next work.
-    for (size_t s = 0; s < set_count; ++s) {
-      if (n == 0 || s != (n - 1) % set_count) {
-        wait(*sets_[s]);
+    for (auto& set : sets_) {
+      if (n == 0 || set.get() != &set_of(n - 1)) {
+        wait(*set);
       }
     }
     if (observer_ != nullptr && n > 0) {
       ScopedTime time(counters_, Counters::Clock::kIoWait);
-      observer_->release(n - 1);
+      observer_->release(order[n - 1]);
     }
   } catch (...) {
     if (observer_ != nullptr && n > 0) {
-      observer_->release(n - 1);  // before anything may reuse the buffers it was shown
+      observer_->release(order[n - 1]);  // before anything may reuse the buffers it was shown
     }
     // Let every transfer end before anything reuses the buffers; report the first error.
     // Then close the queues: one that saw an error may hold a broken aio handle (an engine
@@ -639,6 +691,141 @@ void OptimizerSwapper::step_nvme(const OptimizerStepOptions& options, const Para
     drop_sets();
     throw;
   }
+}
+
+std::vector<size_t> OptimizerSwapper::step_order() const {
+  std::vector<size_t> order;
+  order.reserve(sub_groups_.size());
+  for (size_t g = 0; g < sub_groups_.size(); ++g) {
+    if (sub_groups_[g].state != SubGroupState::kCommitted) order.push_back(g);
+  }
+  return order;
+}
+
+// ---- speculative updates ------------------------------------------------------------------
+
+uint64_t OptimizerSwapper::speculate(size_t sub_group, const void* grads,
+                                     const OptimizerStepOptions& options, void* param_copy,
+                                     bool keep_grads, const std::function<void()>& grads_taken) {
+  if (!config_.speculate) {
+    throw OffloadError(ErrorKind::kUsage, "speculate() on a swapper made without speculate");
+  }
+  SubGroup& sg = sub_groups_.at(sub_group);
+  if (sg.state != SubGroupState::kPlain) {
+    throw OffloadError(ErrorKind::kUsage,
+                       "sub-group " + std::to_string(sub_group) + " speculated twice in one step");
+  }
+  const size_t grads_k = kind_index(OptimizerState::kGrads);
+  const bool fp32_copy = config_.param_copy_dtype == DType::kFloat32;
+  std::vector<void*> arrays(kinds_.size());
+  uint64_t nonfinite = 0;
+  if (store_ == nullptr) {
+    for (size_t k = 0; k < kinds_.size(); ++k) {
+      arrays[k] = memory_[k].data() + sg.offset * element_bytes(kinds_[k]);
+      if (k != grads_k) {
+        std::memcpy(undo_[k].data() + sg.offset * 4, arrays[k], sg.numel * 4);
+        counters_.add_cpu_read(sg.numel * 4);
+      }
+    }
+    if (grads_taken) grads_taken();
+    sg.state = SubGroupState::kSpeculated;  // the undo is taken: a rollback restores it
+    nonfinite = run_optimizer(sg, arrays.data(), fp32_copy ? nullptr : param_copy, options);
+    counters_.add_cpu_written(sg.numel * 4 * (kinds_.size() - 1));
+  } else {
+    BufferSet& set = *sets_[sub_group % sets_.size()];
+    auto wait = [&] {
+      ScopedTime time(counters_, Counters::Clock::kIoWait);
+      set.queue->wait();
+    };
+    try {
+      if (set.queue == nullptr) set.queue = make_queue();
+      wait();  // whatever the set still had in flight (a step's last writes, a speculation's)
+      set.hold(static_cast<long>(sub_group));
+      std::memcpy(set.states[grads_k].data(), grads,
+                  sg.numel * element_bytes(OptimizerState::kGrads));
+      set.valid[grads_k] = 1;
+      counters_.add_cpu_written(sg.numel * element_bytes(OptimizerState::kGrads));
+      if (grads_taken) grads_taken();
+      if (keep_grads && !grads_in_sets()) {
+        set.queue->async_write(sg.extents[grads_k], set.states[grads_k].data());
+        counters_.add_nvme_written(sg.numel * element_bytes(OptimizerState::kGrads));
+      }
+      for (size_t k = 0; k < kinds_.size(); ++k) {
+        if (set.valid[k] == 0) {
+          set.queue->async_read(sg.extents[k], set.states[k].data());
+          set.valid[k] = 1;
+          counters_.add_nvme_read(sg.numel * element_bytes(kinds_[k]));
+        }
+        arrays[k] = set.states[k].data();
+      }
+      wait();
+      sg.state = SubGroupState::kSpeculated;  // from here the set holds speculated values
+      nonfinite = run_optimizer(sg, arrays.data(), fp32_copy ? nullptr : param_copy, options);
+      for (size_t k = 0; k < kinds_.size(); ++k) {
+        if (k == grads_k) continue;
+        set.queue->async_write(sg.spare[k], set.states[k].data());
+        counters_.add_nvme_written(sg.numel * element_bytes(kinds_[k]));
+      }
+    } catch (...) {
+      drop_sets();
+      throw;
+    }
+  }
+  if (fp32_copy) {
+    std::memcpy(param_copy, arrays[0], sg.numel * sizeof(float));
+  }
+  return nonfinite;
+}
+
+void OptimizerSwapper::commit_speculation() {
+  try {
+    flush();  // the spare extents' writes
+  } catch (...) {
+    rollback_speculation();
+    throw;
+  }
+  const size_t grads_k = kind_index(OptimizerState::kGrads);
+  for (SubGroup& sg : sub_groups_) {
+    if (sg.state != SubGroupState::kSpeculated) continue;
+    for (size_t k = 0; k < sg.spare.size(); ++k) {
+      if (k != grads_k) std::swap(sg.extents[k], sg.spare[k]);
+    }
+    sg.state = SubGroupState::kCommitted;
+  }
+}
+
+size_t OptimizerSwapper::rollback_speculation() {
+  size_t undone = 0;
+  if (store_ != nullptr) {
+    try {
+      flush();  // nothing may still write the spare extents or read the buffers
+    } catch (const std::exception& e) {
+      spdlog::warn("zinf offload: a speculative optimizer write failed and is discarded: {}",
+                   e.what());
+    }
+  }
+  const size_t grads_k = kind_index(OptimizerState::kGrads);
+  for (size_t g = 0; g < sub_groups_.size(); ++g) {
+    SubGroup& sg = sub_groups_[g];
+    if (sg.state != SubGroupState::kSpeculated) continue;
+    ++undone;
+    sg.state = SubGroupState::kPlain;
+    if (store_ == nullptr) {
+      for (size_t k = 0; k < kinds_.size(); ++k) {
+        if (k == grads_k) continue;
+        std::memcpy(memory_[k].data() + sg.offset * 4, undo_[k].data() + sg.offset * 4,
+                    sg.numel * 4);
+        counters_.add_cpu_written(sg.numel * 4);
+      }
+      continue;
+    }
+    if (BufferSet* set = holder(g)) {  // its params and states are the speculated ones
+      for (size_t k = 0; k < kinds_.size(); ++k) {
+        if (k != grads_k) set->valid[k] = 0;
+      }
+    }
+  }
+  return undone;
 }
 
 }  // namespace zinf::offload

@@ -53,6 +53,21 @@
 // returns or throws. So an observer can work on them behind the step (one set's worth
 // behind with one buffer set, more with pipelining) without copying them.
 //
+// Speculative updates (config.speculate; zero/partitioned_optimizer.h overlaps them with the
+// backward): speculate() updates one sub-group before the step is known to be valid, with
+// options the step will most likely use, and keeps what is needed to undo it. On NVMe the new
+// params and states go to the sub-group's spare extents (one per array besides the grads,
+// allocated with the others) while the current extents keep the old values; on the CPU tier
+// the arrays are updated in place after an undo copy of the sub-group is taken (nothing reads
+// them until the step is decided). commit_speculation() makes the speculated values the
+// current ones (on NVMe: the spare and current extents swap roles, once their writes have
+// ended) and the next step() updates only the sub-groups not committed;
+// rollback_speculation() forgets them (on the CPU tier: copies the undo back), so the next
+// step() updates every sub-group from the old values. Either way the result equals a step()
+// without speculation bit for bit: the same kernel sees the same inputs. A failed write to a
+// spare extent is thrown by commit_speculation(), after a rollback: what was committed before
+// is untouched.
+//
 // Thread safety: calls on one OptimizerSwapper must not overlap (one driving thread); the
 // I/O it issues runs on aio's workers and the optimizer on TBB's. counters() may be called
 // from any thread at any time.
@@ -88,6 +103,9 @@ struct OptimizerSwapperConfig {
   // The copy of the updated params handed to the sink: bf16 or fp16 (converted in the
   // optimizer's pass), or fp32 (the sink then reads the updated master params themselves).
   optimizer_cpu::DType param_copy_dtype = optimizer_cpu::DType::kBFloat16;
+  // Allow speculate(): spare extents (device kNvme) or undo arrays (kCpu) for the params and
+  // the optimizer's states of every sub-group.
+  bool speculate = false;
 };
 
 // What one step needs besides the stored arrays.
@@ -182,9 +200,30 @@ class OptimizerSwapper {
   // The observer the following steps show their updated sub-groups to (nullptr: none). It
   // must outlive those steps or be replaced first.
   void set_step_observer(StepObserver* observer) noexcept { observer_ = observer; }
+  [[nodiscard]] bool observed() const noexcept { return observer_ != nullptr; }
   // Waits for the writes the last step left in flight (write-behind) and throws their
   // error, if any. Device kCpu: nothing to do.
   void flush();
+
+  // ---- speculative updates (see the header comment; config().speculate) ----
+  // Updates sub-group `sub_group` with `options`, its final grads [numel fp32] at `grads`
+  // (device kNvme: copied into the sub-group's buffer set, after which `grads_taken` is
+  // called and `grads` may be reused; device kCpu: nullptr, the grads array is used in
+  // place). The updated params in param_copy_dtype go to `param_copy` [numel elements]. With
+  // `keep_grads` the grads are also stored (device kNvme, written to their extent unless the
+  // set keeps them), so that a rollback can redo the update with another scale. Returns the
+  // NaN/Inf count of the scaled grads. At most once per sub-group between decisions.
+  uint64_t speculate(size_t sub_group, const void* grads, const OptimizerStepOptions& options,
+                     void* param_copy, bool keep_grads, const std::function<void()>& grads_taken);
+  // Makes every speculated update current (see the header comment); the next step() leaves
+  // those sub-groups alone. Throws OffloadError when a speculated write failed, after rolling
+  // every speculated sub-group back.
+  void commit_speculation();
+  // Forgets every speculated update; returns how many sub-groups it undid.
+  size_t rollback_speculation();
+  [[nodiscard]] bool speculated(size_t sub_group) const {
+    return sub_groups_.at(sub_group).state == SubGroupState::kSpeculated;
+  }
 
   [[nodiscard]] const OptimizerSwapperConfig& config() const noexcept { return config_; }
   [[nodiscard]] size_t sub_group_count() const noexcept { return sub_groups_.size(); }
@@ -198,10 +237,13 @@ class OptimizerSwapper {
   void reset_counters() noexcept { counters_.reset(); }
 
  private:
+  enum class SubGroupState { kPlain, kSpeculated, kCommitted };
   struct SubGroup {
     uint64_t offset = 0;  // first element in the partition
     uint64_t numel = 0;
     std::vector<ExtentId> extents;  // NVMe: one per kind in kinds_
+    std::vector<ExtentId> spare;    // NVMe with speculate: one per kind (the grads' unused)
+    SubGroupState state = SubGroupState::kPlain;
   };
   struct BufferSet;
 
@@ -211,6 +253,8 @@ class OptimizerSwapper {
                       OptimizerStepReport& report);
   void step_nvme(const OptimizerStepOptions& options, const ParamCopySink& sink,
                  OptimizerStepReport& report);
+  // The sub-groups a step updates: all but those a commit made current.
+  [[nodiscard]] std::vector<size_t> step_order() const;
   uint64_t run_optimizer(const SubGroup& group, void* const* arrays, void* param_copy,
                          const OptimizerStepOptions& options);
   // Closes the sets' queues (draining them), then frees every extent of the sub-groups.
@@ -235,6 +279,7 @@ class OptimizerSwapper {
   uint64_t numel_ = 0;    // the partition
   uint64_t largest_ = 0;  // elements of the largest sub-group: the buffers' size
   std::vector<std::vector<std::byte>> memory_;  // device kCpu: one array per kind
+  std::vector<std::vector<std::byte>> undo_;    // device kCpu with speculate: per kind
   std::unique_ptr<PinnedBufferPool> state_pool_;
   std::unique_ptr<PinnedBufferPool> copy_pool_;
   bool register_pool_ = true;  // false once a handle refused the pool (one warning in all)

@@ -58,6 +58,10 @@ PartitionedOptimizer::PartitionedOptimizer(const PartitionLayout& layout, const 
   nonfinite_.assign(groups, 0);
   on_disk_.assign(groups, false);
   touched_.assign(groups, false);
+  remaining_.assign(groups, 0);
+  copies_.resize(groups);
+  speculated_.assign(groups, 0);
+  worker_ = std::make_unique<TaskThread>();
   if (nvme_) {
     const uint64_t largest = layout_.sub_groups().front().numel;
     staging_[0] = aio::PinnedBuffer(largest * sizeof(float));
@@ -76,6 +80,7 @@ offload::OptimizerSwapperConfig PartitionedOptimizer::swapper_config(
   sc.pipeline_write = config.pipeline_write;
   sc.grad_dtype = optimizer_cpu::DType::kFloat32;
   sc.param_copy_dtype = copy_dtype(config.precision);
+  sc.speculate = config.overlap_optimizer;
   return sc;
 }
 
@@ -91,10 +96,18 @@ offload::Footprint PartitionedOptimizer::footprint(const ZeroConfig& config,
   return f;
 }
 
-PartitionedOptimizer::~PartitionedOptimizer() {
-  if (write_.valid()) {
-    write_.wait();
+uint64_t PartitionedOptimizer::overlap_host_bytes(const ZeroConfig& config,
+                                                  const std::vector<uint64_t>& sub_groups) {
+  if (!config.overlap_optimizer || sub_groups.size() < 2) {
+    return 0;
   }
+  uint64_t numel = 0;
+  for (size_t g = 1; g < sub_groups.size(); ++g) numel += sub_groups[g];
+  return numel * dtype_size(compute_dtype(config.precision));
+}
+
+PartitionedOptimizer::~PartitionedOptimizer() {
+  worker_.reset();  // lets its tasks end before the buffers they use go
 }
 
 uint64_t PartitionedOptimizer::pinned_bytes() const noexcept {
@@ -165,6 +178,9 @@ void PartitionedOptimizer::begin_micro_batch(int micro_batch) {
     throw ZeroError(fmt::format("micro-batch {} outside gradient_accumulation_steps {}",
                                 micro_batch, config_.gradient_accumulation_steps));
   }
+  if (spec_.active) {
+    abandon_speculation();  // a step left without step(): its updates are undone
+  }
   micro_batch_ = micro_batch;
   last_micro_batch_ = micro_batch + 1 == config_.gradient_accumulation_steps;
   std::fill(touched_.begin(), touched_.end(), false);
@@ -178,6 +194,74 @@ void PartitionedOptimizer::begin_micro_batch(int micro_batch) {
                   layout_.partition_numel() * sizeof(float));
     }
   }
+  if (last_micro_batch_ && spec_.armed && config_.overlap_optimizer) {
+    spec_.active = true;
+    spec_.stopped = spec_.last_clipped;  // it will most likely clip again
+    spec_.keep_grads = config_.gradient_clipping > 0.0;
+    spec_.final_sumsq = 0.0;
+    for (size_t g = 0; g < remaining_.size(); ++g) {
+      remaining_[g] = layout_.sub_groups()[g].numel;
+    }
+    ++overlap_.steps;
+  }
+}
+
+void PartitionedOptimizer::speculate_step(int64_t step, double loss_scale) {
+  spec_.armed = true;
+  spec_.options = offload::OptimizerStepOptions{};
+  spec_.options.step = step;
+  spec_.options.loss_scale = static_cast<float>(loss_scale > 0.0 ? loss_scale : 1.0);
+  spec_.options.clip_coefficient = 1.0f;
+  spec_.options.copy_params = true;
+}
+
+bool PartitionedOptimizer::arrived(size_t sub_group, uint64_t numel) {
+  uint64_t& left = remaining_[sub_group];
+  left -= std::min(left, numel);
+  return left == 0;
+}
+
+bool PartitionedOptimizer::should_speculate(size_t sub_group) {
+  if (spec_.stopped) {
+    return false;
+  }
+  // Seen already: a NaN/Inf skips the step; this rank's norm alone above the clipping norm
+  // makes it clip (the global norm is at least that).
+  spec_.final_sumsq += sumsq_[sub_group];
+  const double partial = std::sqrt(spec_.final_sumsq) / spec_.options.loss_scale;
+  if (nonfinite_[sub_group] > 0 ||
+      (config_.gradient_clipping > 0.0 && partial + 1e-6 > config_.gradient_clipping)) {
+    spec_.stopped = true;
+    return false;
+  }
+  return true;
+}
+
+void PartitionedOptimizer::post_speculation(size_t sub_group, int slot) {
+  const uint64_t numel = layout_.sub_groups()[sub_group].numel;
+  copies_[sub_group].resize(numel * dtype_size(compute_dtype(config_.precision)));
+  speculated_[sub_group] = 1;
+  ++overlap_.speculated;
+  auto taken = std::make_shared<std::promise<void>>();
+  std::future<void> released = taken->get_future();
+  const void* grads = slot >= 0 ? staging_[slot].data() : nullptr;
+  worker_->post([this, sub_group, grads, taken] {
+    bool told = false;
+    try {
+      (void)swapper_->speculate(sub_group, grads, spec_.options, copies_[sub_group].data(),
+                                spec_.keep_grads, [&] {
+                                  told = true;
+                                  taken->set_value();
+                                });
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex_);
+      if (!spec_error_) spec_error_ = std::current_exception();
+    }
+    if (!told) taken->set_value();  // the step fails at step(); the buffer is free
+  });
+  if (slot >= 0) {
+    slot_busy_[slot] = std::move(released);
+  }
 }
 
 void PartitionedOptimizer::accumulate(uint64_t offset, const void* grads, DType dtype,
@@ -188,15 +272,26 @@ void PartitionedOptimizer::accumulate(uint64_t offset, const void* grads, DType 
   }
   const size_t element = dtype_size(dtype);
   const auto* src = static_cast<const std::byte*>(grads);
-  if (!nvme_) {
-    auto* dst = static_cast<float*>(swapper_->memory(OptimizerState::kGrads));
-    accumulate_scaled(dst + offset, src, dtype, numel, scale);
-    return;
-  }
   const auto& groups = layout_.sub_groups();
   const uint64_t group_size = groups.front().numel;
   const auto first = static_cast<size_t>(offset / group_size);
   const auto last = static_cast<size_t>((offset + numel - 1) / group_size);
+  if (!nvme_) {
+    auto* dst = static_cast<float*>(swapper_->memory(OptimizerState::kGrads));
+    accumulate_scaled(dst + offset, src, dtype, numel, scale);
+    if (!spec_.active) {
+      return;
+    }
+    for (size_t g = last + 1; g-- > first;) {
+      const uint64_t begin = std::max(offset, groups[g].offset);
+      const uint64_t end = std::min(offset + numel, groups[g].offset + groups[g].numel);
+      if (arrived(g, end - begin)) {
+        measure(g, dst + groups[g].offset, groups[g].numel);
+        if (should_speculate(g)) post_speculation(g, -1);
+      }
+    }
+    return;
+  }
   // A gradient across sub-groups goes in piece by piece, last first (the backward delivers
   // gradients from the end of the partition to its start, so the staged sub-group is the
   // last piece's, or none): a sub-group is finished before the next is staged, never written
@@ -210,13 +305,29 @@ void PartitionedOptimizer::accumulate(uint64_t offset, const void* grads, DType 
     stage(g);
     accumulate_scaled(staging_[staged_slot_].as<float>() + (begin - groups[g].offset),
                       src + (begin - offset) * element, dtype, end - begin, scale);
+    if (spec_.active && arrived(g, end - begin)) {
+      flush_staged();  // final: its update (or its write) starts now
+    }
+  }
+}
+
+void PartitionedOptimizer::wait_slot(int slot) {
+  if (!slot_busy_[slot].valid()) {
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  std::future<void> busy = std::move(slot_busy_[slot]);
+  busy.get();  // rethrows a gradient write's error
+  if (spec_.active) {
+    overlap_.backward_wait_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 }
 
 void PartitionedOptimizer::wait_write() {
-  if (write_.valid()) {
-    write_.get();  // rethrows the writer's error
-  }
+  worker_->wait_idle();
+  wait_slot(0);
+  wait_slot(1);
 }
 
 void PartitionedOptimizer::stage(size_t sub_group) {
@@ -227,6 +338,7 @@ void PartitionedOptimizer::stage(size_t sub_group) {
   if (staged_ >= 0) {
     flush_staged();
   }
+  wait_slot(staged_slot_);
   float* buffer = staging_[staged_slot_].as<float>();
   const uint64_t numel = layout_.sub_groups()[sub_group].numel;
   if (on_disk_[sub_group]) {
@@ -252,12 +364,14 @@ void PartitionedOptimizer::flush_staged() {
   if (last_micro_batch_) {
     measure(g, buffer, layout_.sub_groups()[g].numel);
   }
-  wait_write();
-  on_disk_[g] = true;
-  offload::OptimizerSwapper* swapper = swapper_.get();
-  write_ = std::async(std::launch::async, [swapper, g, buffer] {
-    swapper->write_sub_group(OptimizerState::kGrads, g, buffer);
-  });
+  if (spec_.active && remaining_[g] == 0 && should_speculate(g)) {
+    post_speculation(g, slot);
+  } else {
+    on_disk_[g] = true;
+    offload::OptimizerSwapper* swapper = swapper_.get();
+    slot_busy_[slot] = worker_->post(
+        [swapper, g, buffer] { swapper->write_sub_group(OptimizerState::kGrads, g, buffer); });
+  }
   staged_slot_ ^= 1;
   staged_ = -1;
 }
@@ -292,7 +406,9 @@ void PartitionedOptimizer::end_micro_batch() {
     stage(g);
     flush_staged();
   }
-  wait_write();
+  if (!spec_.active) {
+    wait_write();  // (with overlap, step() waits: the updates run on behind the backward)
+  }
 }
 
 // ---- the update --------------------------------------------------------------------------
@@ -300,16 +416,44 @@ void PartitionedOptimizer::end_micro_batch() {
 OptimizerStepOutcome PartitionedOptimizer::step(int64_t step, double loss_scale,
                                                 const offload::ParamCopySink& sink) {
   OptimizerStepOutcome outcome;
+  if (spec_.active) {
+    // The speculated updates still running behind the end of the backward.
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      wait_write();
+    } catch (...) {
+      abandon_speculation();
+      throw;
+    }
+    outcome.overlap_wait_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    overlap_.wait_seconds += outcome.overlap_wait_seconds;
+    std::exception_ptr error;
+    {
+      std::lock_guard<std::mutex> lock(error_mutex_);
+      std::swap(error, spec_error_);
+    }
+    if (error) {
+      abandon_speculation();
+      std::rethrow_exception(error);
+    }
+  }
+  spec_.armed = false;
   double totals[2] = {0.0, 0.0};  // sum of squares, NaN/Inf count
   for (size_t g = 0; g < sumsq_.size(); ++g) {
     totals[0] += sumsq_[g];
     totals[1] += static_cast<double>(nonfinite_[g]);
   }
   if (!norm_is_global_ && comm_.world_size() > 1) {
-    if (accelerator_ != nullptr) {
-      host_all_reduce(comm_, *accelerator_, totals, 2, DType::kFloat64, ReduceOp::kSum);
-    } else {
-      comm_.all_reduce(totals, 2, DType::kFloat64, ReduceOp::kSum)->wait();
+    try {
+      if (accelerator_ != nullptr) {
+        host_all_reduce(comm_, *accelerator_, totals, 2, DType::kFloat64, ReduceOp::kSum);
+      } else {
+        comm_.all_reduce(totals, 2, DType::kFloat64, ReduceOp::kSum)->wait();
+      }
+    } catch (...) {
+      abandon_speculation();
+      throw;
     }
   }
   outcome.nonfinite = static_cast<uint64_t>(totals[1]);
@@ -318,6 +462,11 @@ OptimizerStepOutcome PartitionedOptimizer::step(int64_t step, double loss_scale,
   if (outcome.nonfinite > 0 || !std::isfinite(outcome.grad_norm)) {
     outcome.skipped = true;
     outcome.grad_norm = std::numeric_limits<double>::infinity();
+    if (spec_.active) {
+      outcome.rolled_back = swapper_->rollback_speculation();
+      overlap_.rolled_back += outcome.rolled_back;
+      abandon_speculation();
+    }
     return outcome;
   }
   if (config_.gradient_clipping > 0.0) {
@@ -326,14 +475,82 @@ OptimizerStepOutcome PartitionedOptimizer::step(int64_t step, double loss_scale,
       outcome.clip_coefficient = coefficient;
     }
   }
+  spec_.last_clipped = outcome.clip_coefficient < 1.0;
   offload::OptimizerStepOptions options;
   options.step = step;
   options.loss_scale = static_cast<float>(scale);
   options.clip_coefficient = static_cast<float>(outcome.clip_coefficient);
   options.copy_params = true;
+  if (spec_.active) {
+    end_speculation(outcome, sink, options);
+  }
   const offload::OptimizerStepReport report = swapper_->step(options, sink);
   outcome.seconds = report.seconds;
   return outcome;
+}
+
+// ---- overlap ------------------------------------------------------------------------------
+
+void PartitionedOptimizer::end_speculation(OptimizerStepOutcome& outcome,
+                                           const offload::ParamCopySink& sink,
+                                           const offload::OptimizerStepOptions& options) {
+  const offload::OptimizerStepOptions& armed = spec_.options;
+  // The speculated updates are the step's own when it runs with the armed scale: the same
+  // step number and loss scale, no clipping; and no observer waits to see every sub-group.
+  const bool keep = armed.step == options.step && armed.loss_scale == options.loss_scale &&
+                    options.clip_coefficient == 1.0f && !swapper_->observed();
+  size_t count = 0;
+  for (const char s : speculated_) count += s != 0 ? 1 : 0;
+  if (count > 0 && keep) {
+    try {
+      swapper_->commit_speculation();
+    } catch (...) {
+      abandon_speculation();
+      throw;
+    }
+    const auto& groups = layout_.sub_groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (speculated_[g] != 0 && sink) {
+        sink(groups[g].offset, copies_[g].data(), groups[g].numel);
+      }
+    }
+    outcome.overlapped = count;
+    overlap_.committed += count;
+  } else if (count > 0) {
+    outcome.rolled_back = swapper_->rollback_speculation();
+    overlap_.rolled_back += outcome.rolled_back;
+  }
+  abandon_speculation();  // (nothing left to undo: clears this step's records)
+}
+
+void PartitionedOptimizer::abandon_speculation() noexcept {
+  try {
+    worker_->wait_idle();
+  } catch (...) {
+  }
+  for (std::future<void>& busy : slot_busy_) {
+    if (busy.valid()) {
+      try {
+        busy.get();
+      } catch (...) {
+      }
+    }
+  }
+  try {
+    overlap_.rolled_back += swapper_->rollback_speculation();
+  } catch (...) {
+  }
+  {
+    std::lock_guard<std::mutex> lock(error_mutex_);
+    spec_error_ = nullptr;
+  }
+  for (std::vector<std::byte>& copy : copies_) {
+    std::vector<std::byte>().swap(copy);
+  }
+  std::fill(speculated_.begin(), speculated_.end(), 0);
+  spec_.active = false;
+  spec_.armed = false;
+  spec_.stopped = false;
 }
 
 }  // namespace zinf::zero

@@ -70,6 +70,11 @@ struct ZeroConfig {
   size_t optimizer_buffer_count = 4;  // offload_optimizer.buffer_count
   bool pipeline_read = false;
   bool pipeline_write = false;
+  // zinf.overlap_optimizer: on the last micro-batch of a step, each sub-group is updated as
+  // soon as its gradients are final, behind the rest of the backward, speculatively and with
+  // exact rollback (zero/partitioned_optimizer.h). The config layer resolves the key's
+  // default (on for offload_optimizer nvme, off elsewhere).
+  bool overlap_optimizer = false;
 
   // zinf.activation_offload: where ZeroBlocks keep their saved inputs between forward and
   // backward (zero/activation_offload.h); kNone: on the device.

@@ -666,12 +666,17 @@ ZeroModelStats ZeroModel::stats() const {
     s.pinned_bytes += param_swapper_->pinned_bytes();
   }
   s.optimizer_swap = optimizer_->swapper().counters();
+  s.overlap = optimizer_->overlap_stats();
   s.pinned_bytes += optimizer_->pinned_bytes();
   s.pinned_bytes += reducer_->pinned_bytes();
   s.pinned_bytes += tied_router_->pinned_bytes();
   s.tied = tied_router_->stats();
   if (config_.offload_optimizer != OffloadTarget::kNvme) {
     s.host_bytes += layout_->partition_numel() * 4 * optimizer_->swapper().states_per_param();
+    if (config_.overlap_optimizer) {  // the undo arrays of the params and states
+      s.host_bytes +=
+          layout_->partition_numel() * 4 * (optimizer_->swapper().states_per_param() - 1);
+    }
   }
   if (activation_offload_) {
     s.activations = activation_offload_->stats();

@@ -88,6 +88,7 @@ struct ZeroModelStats {
   offload::AcceleratorMemoryStats device;
   ActivationOffloadStats activations;  // zinf.activation_offload cpu or nvme
   TiedGradStats tied;                  // gradients of tied parameters parked between uses
+  OverlapStats overlap;                // zinf.overlap_optimizer
   uint64_t resident_bytes = 0;         // device bytes of resident parameters
   uint64_t pinned_bytes = 0;           // pools and staging buffers
   uint64_t host_bytes = 0;             // CPU-tier slices and in-memory optimizer arrays
@@ -139,6 +140,13 @@ class ZeroModel {
   // root.backward() computes the same gradients, holding that one on the device.
   void backward(const torch::Tensor& root);
   void end_micro_batch();
+  // zinf.overlap_optimizer: the coming step will be `step` with `loss_scale` (call before
+  // its last micro-batch begins): sub-groups whose gradients are final are updated behind
+  // the rest of that micro-batch's backward (zero/partitioned_optimizer.h). step() keeps
+  // those updates when it runs with these figures and no clipping, and redoes them otherwise.
+  void speculate_step(int64_t step, double loss_scale) {
+    optimizer_->speculate_step(step, loss_scale);
+  }
   // The optimizer step after the last micro-batch; `step` counts applied steps from 1.
   // The gradients are divided by `loss_scale` inside the update.
   [[nodiscard]] OptimizerStepOutcome step(int64_t step, double loss_scale);

@@ -679,8 +679,12 @@ void parse_zinf(JsonBlock& top, RunConfig& c) {
     z.activation_offload =
         static_cast<zero::OffloadTarget>(b->choice("activation_offload", kTiers, 0));
   }
+  if (b->has("overlap_optimizer")) {
+    z.overlap_optimizer = b->boolean("overlap_optimizer", false);
+  }
   b->finish({"accelerator", "comm_timeout_s", "io_timeout_s", "nvme_paths", "swap_checksums",
-             "pinned_memory_limit", "threads", "comm_backend", "activation_offload"});
+             "pinned_memory_limit", "threads", "comm_backend", "activation_offload",
+             "overlap_optimizer"});
 
   c.zero.swap_checksums = z.swap_checksums;
   c.zero.pinned_memory_limit = z.pinned_memory_limit_bytes;
@@ -777,6 +781,9 @@ void check_offload(ParseContext& ctx, RunConfig& c) {
   const zero::OffloadTarget from_deepspeed =
       c.zinf.cpu_checkpointing ? zero::OffloadTarget::kCpu : zero::OffloadTarget::kNone;
   c.zero.activation_offload = c.zinf.activation_offload.value_or(from_deepspeed);
+  // The optimizer's overlap with the backward: on by default where its I/O is to hide.
+  c.zero.overlap_optimizer =
+      c.zinf.overlap_optimizer.value_or(z.offload_optimizer == zero::OffloadTarget::kNvme);
   if (c.zinf.activation_offload && c.zinf.cpu_checkpointing &&
       *c.zinf.activation_offload != zero::OffloadTarget::kCpu) {
     ctx.warn("activation_checkpointing.cpu_checkpointing",

@@ -206,6 +206,10 @@ struct ZinfConfig {
   // unset: DeepSpeed's activation_checkpointing.cpu_checkpointing decides (true: "cpu").
   std::optional<zero::OffloadTarget> activation_offload;
   bool cpu_checkpointing = false;  // activation_checkpointing.cpu_checkpointing
+  // zinf.overlap_optimizer (zero::ZeroConfig::overlap_optimizer); unset: on where the
+  // optimizer is on NVMe (its I/O is what the overlap hides, the cost is disk space), off on
+  // the CPU tier, where the undo copies would cost 12 bytes of host memory per parameter.
+  std::optional<bool> overlap_optimizer;
 };
 
 // ---- the whole config -------------------------------------------------------------------------
