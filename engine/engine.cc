@@ -427,6 +427,7 @@ void Engine::report_step(const zero::OptimizerStepOutcome& outcome, double lr, d
   report_.grad_norm = outcome.grad_norm;
   report_.skipped = outcome.skipped;
   report_.seconds = seconds;
+  report_.optimizer_seconds = step_seconds_;
   report_.samples_per_second = seconds > 0 ? samples / seconds : 0.0;
   report_.tokens_per_second =
       report_.samples_per_second * static_cast<double>(options_.tokens_per_sample);

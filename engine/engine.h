@@ -126,6 +126,9 @@ struct StepReport {
   double grad_norm = 0.0;
   bool skipped = false;
   double seconds = 0.0;  // wall time of the whole step (all micro-batches)
+  // Of it, the optimizer step after the last backward: the time the trainer waited for the
+  // optimizer (with zinf.overlap_optimizer, what the overlap did not hide).
+  double optimizer_seconds = 0.0;
   double samples_per_second = 0.0;
   double tokens_per_second = 0.0;
 };

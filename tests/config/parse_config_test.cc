@@ -1,5 +1,6 @@
 // parse_config: the shared example configs, DeepSpeed's defaults and number forms, and the
 // message of every invalid value and combination (path and reason).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -585,6 +586,23 @@ TEST(ParseConfigTest, ActivationOffloadFromZinfOrFromCpuCheckpointing) {
                "zinf.activation_offload", {"needs a swap folder", "offload_param.nvme_path"});
   expect_error(parse_error(R"({"zinf": {"activation_offload": "disk"}})"),
                "zinf.activation_offload", {"\"disk\"", "nvme"});
+}
+
+// zinf.overlap_optimizer: on by default where the optimizer is on NVMe, off on the CPU tier
+// (its undo copies cost host memory); either way when given.
+TEST(ParseConfigTest, OverlapOptimizerDefaultsOnForNvmeOnly) {
+  const char* nvme = R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
+      "nvme_path": "/mnt/o"}})";
+  const char* cpu = R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}})";
+  EXPECT_TRUE(parse(fmt::format("{{{}}}", nvme)).zero.overlap_optimizer);
+  EXPECT_FALSE(parse(fmt::format("{{{}}}", cpu)).zero.overlap_optimizer);
+  EXPECT_FALSE(parse("{}").zero.overlap_optimizer);
+  EXPECT_FALSE(parse(fmt::format(R"({{{}, "zinf": {{"overlap_optimizer": false}}}})", nvme))
+                   .zero.overlap_optimizer);
+  EXPECT_TRUE(parse(fmt::format(R"({{{}, "zinf": {{"overlap_optimizer": true}}}})", cpu))
+                  .zero.overlap_optimizer);
+  expect_error(parse_error(R"({"zinf": {"overlap_optimizer": "yes"}})"), "zinf.overlap_optimizer",
+               {"\"yes\""});
 }
 
 TEST(ParseConfigTest, DeprecatedCpuOffloadFlags) {
