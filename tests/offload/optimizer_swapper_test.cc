@@ -948,5 +948,129 @@ TEST(SubGroupCut, ConsecutiveSubGroupsOfTheSizeTheLastShorter) {
   EXPECT_THROW((void)cut_sub_groups(10, 0), std::invalid_argument);
 }
 
+// ---- speculative updates (config.speculate) -------------------------------------------------
+
+// The sub-groups of the partition, last first (the backward's order), as pieces of `grads`.
+std::vector<size_t> backward_order(const OptimizerSwapper& swapper) {
+  std::vector<size_t> order;
+  for (size_t g = swapper.sub_group_count(); g-- > 0;) order.push_back(g);
+  return order;
+}
+
+// Speculated then committed (step 1) and speculated then rolled back and redone (step 2):
+// params, m, v and every 16-bit copy equal the plain steps', on NVMe (pipelined or not) and
+// on the CPU tier.
+TEST(OptimizerSwapperSpeculation, CommittedAndRolledBackUpdatesEqualPlainSteps) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  const Problem problem(seed);
+  for (const int mode : {-1, 0, 3}) {  // -1: CPU tier; else pipeline_read | pipeline_write << 1
+    SCOPED_TRACE(mode < 0 ? std::string("cpu") : "nvme mode " + std::to_string(mode));
+    TempDir dir;
+    NvmeStore store(store_config(dir.path(), true));
+    AdamOptimizer adam(adam_config());
+    OptimizerSwapperConfig config;
+    config.device = mode < 0 ? OffloadDevice::kCpu : OffloadDevice::kNvme;
+    config.sub_groups = cut_sub_groups(kNumel, kSubGroup).sizes();
+    config.pipeline_read = mode > 0 && (mode & 1) != 0;
+    config.pipeline_write = mode > 0 && (mode & 2) != 0;
+    config.speculate = true;
+    OptimizerSwapper swapper(config, adam, &store);
+    swapper.initialize(problem.params.data());
+    Outcome got;
+    const auto sink = [&](uint64_t offset, const void* data, uint64_t numel) {
+      got.copies[offset].assign(static_cast<const uint16_t*>(data),
+                                static_cast<const uint16_t*>(data) + numel);
+    };
+    const std::vector<size_t> order = backward_order(swapper);
+    for (int step = 1; step <= 2; ++step) {
+      const std::vector<float>& grads = problem.grads[static_cast<size_t>(step - 1)];
+      if (mode < 0) swapper.write_grads(0, grads.data(), kNumel);  // used in place
+      // Every sub-group but the first (the last to be final) behind the "backward".
+      for (size_t k = 0; k + 1 < order.size(); ++k) {
+        const auto [offset, numel] = swapper.sub_group_range(order[k]);
+        std::vector<uint16_t> copy(numel);
+        bool taken = false;
+        (void)swapper.speculate(order[k], mode < 0 ? nullptr : grads.data() + offset,
+                                options_for(step), copy.data(), /*keep_grads=*/step == 2,
+                                [&] { taken = true; });
+        EXPECT_TRUE(taken);
+        EXPECT_TRUE(swapper.speculated(order[k]));
+        if (step == 1) got.copies[offset] = copy;
+      }
+      if (mode >= 0) swapper.write_grads(0, grads.data(), kSubGroup);  // the first sub-group's
+      if (step == 1) {
+        swapper.commit_speculation();
+      } else {
+        EXPECT_EQ(swapper.rollback_speculation(), order.size() - 1);
+      }
+      const OptimizerStepReport report = swapper.step(options_for(step), sink);
+      EXPECT_EQ(report.sub_groups, order.size());
+      read_arrays(swapper, got);
+      const Outcome expected = run_direct(problem, step);
+      expect_identical(got, expected, "after step " + std::to_string(step));
+      for (const auto& [offset, copy] : expected.copies) {
+        EXPECT_EQ(got.copies[offset], copy) << "16-bit copy at " << offset << ", step " << step;
+      }
+    }
+  }
+}
+
+// A failed write of a speculated update: reported, and nothing committed is lost — the
+// partition reads as before the step, and the plain step from it gives the plain result.
+TEST(OptimizerSwapperSpeculation, FailedSpeculativeWriteLosesNothingCommitted) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  const Problem problem(seed);
+  TempDir dir;
+  auto faults = std::make_shared<aio::FaultInjector>();
+  NvmeStoreConfig store_cfg = store_config(dir.path(), true);
+  store_cfg.backend_factory = aio::fault_backend_factory(faults);
+  NvmeStore store(store_cfg);
+  AdamOptimizer adam(adam_config());
+  OptimizerSwapperConfig config;
+  config.sub_groups = cut_sub_groups(kNumel, kSubGroup).sizes();
+  config.speculate = true;
+  OptimizerSwapper swapper(config, adam, &store);
+  swapper.initialize(problem.params.data());
+  faults->add(aio::FaultRule{.op = aio::Op::kWrite,
+                             .nth = 2,
+                             .count = 1,
+                             .kind = aio::FaultKind::kError,
+                             .error = ENOSPC});
+  bool reported = false;
+  try {
+    for (const size_t g : backward_order(swapper)) {
+      const auto [offset, numel] = swapper.sub_group_range(g);
+      std::vector<uint16_t> copy(numel);
+      (void)swapper.speculate(g, problem.grads[0].data() + offset, options_for(1), copy.data(),
+                              false, {});
+    }
+    swapper.commit_speculation();
+  } catch (const OffloadError& e) {
+    reported = true;
+    EXPECT_EQ(e.kind(), ErrorKind::kIo) << e.what();
+    EXPECT_NE(std::string(e.what()).find(store.path()), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(reported) << "the failed speculative write was not reported";
+  EXPECT_EQ(faults->fired(0), 1u);
+  (void)swapper.rollback_speculation();
+  faults->clear();
+  Outcome before;
+  read_arrays(swapper, before);
+  EXPECT_EQ(std::memcmp(before.params.data(), problem.params.data(), kNumel * 4), 0)
+      << "the committed params were changed";
+  EXPECT_TRUE(
+      std::all_of(before.exp_avg.begin(), before.exp_avg.end(), [](float m) { return m == 0.0f; }));
+  swapper.write_grads(0, problem.grads[0].data(), kNumel);
+  Outcome after;
+  (void)swapper.step(options_for(1), [&](uint64_t offset, const void* data, uint64_t numel) {
+    after.copies[offset].assign(static_cast<const uint16_t*>(data),
+                                static_cast<const uint16_t*>(data) + numel);
+  });
+  read_arrays(swapper, after);
+  expect_identical(after, run_direct(problem, 1), "the plain step after the failure");
+}
+
 }  // namespace
 }  // namespace zinf::offload
