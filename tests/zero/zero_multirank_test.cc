@@ -42,6 +42,7 @@
 #include "tests/common/multi_process.h"
 #include "tests/common/seed.h"
 #include "tests/common/temp_dir.h"
+#include "tests/zero/overlap_train.h"
 #include "tests/zero/test_model.h"
 #include "zero/comm/launch_env.h"
 #include "zero/comm/make_communicator.h"
@@ -543,6 +544,26 @@ TEST(ZeroMultirankRank, DISABLED_Train) {
   options.timeout = std::chrono::milliseconds(std::stoll(env_or("ZINF_TEST_TIMEOUT_MS", "30000")));
   std::unique_ptr<Communicator> comm = make_communicator(detect_launch_env(), options);
   const std::string suite = env_or("ZINF_TEST_SUITE", "");
+  if (suite == "overlap") {
+    // zinf.overlap_optimizer on and off, bit for bit (tests/zero/overlap_train.h): the
+    // CPU tier at stage 2, NVMe at stage 3; clipping and an Inf on rank 0 only.
+    testing::OverlapPlan cpu;
+    cpu.name = "2 ranks, stage 2, optimizer on cpu";
+    cpu.config.stage = 2;
+    cpu.config.offload_optimizer = OffloadTarget::kCpu;
+    cpu.config.sub_group_size = 37;
+    cpu.boost = cpu.inject = true;
+    testing::expect_overlap_identical(cpu, seed, *comm);
+    comm->barrier()->wait();
+    testing::OverlapPlan nvme;
+    nvme.name = "2 ranks, stage 3, optimizer on nvme";
+    nvme.config = testing::overlap_on_nvme(env_or("ZINF_TEST_NVME_DIR", ""));
+    nvme.config.sub_group_size = 37;
+    nvme.boost = nvme.inject = true;
+    testing::expect_overlap_identical(nvme, seed, *comm);
+    comm->barrier()->wait();
+    return;
+  }
   for (const RankCase& c : cases_of(suite, env_or("ZINF_TEST_NVME_DIR", ""))) {
     if (c.two_ranks_only && comm->world_size() > 2) {
       continue;
@@ -601,7 +622,8 @@ void expect_parity(int world, const std::string& suite,
       // The figures: one PARITY line per case.
       std::istringstream lines(r.output);
       for (std::string line; std::getline(lines, line);) {
-        if (line.rfind("PARITY", 0) == 0 || line.rfind("PRECISION", 0) == 0) {
+        if (line.rfind("PARITY", 0) == 0 || line.rfind("PRECISION", 0) == 0 ||
+            line.rfind("OVERLAP", 0) == 0) {
           std::cout << line << "\n";
         }
       }
@@ -624,6 +646,29 @@ void expect_nvme_parity(int world, const std::string& suite) {
 }
 
 TEST(ZeroMultirank, Stage3OnNvmeOnTwoRanksMatchesOneProcess) { expect_nvme_parity(2, "nvme"); }
+// zinf.overlap_optimizer on and off give the same states bit for bit on two ranks; rank 0
+// prints one OVERLAP line per case once its checks have run.
+TEST(ZeroMultirank, OptimizerOverlapOnTwoRanksIsBitIdentical) {
+  if (::zinf::testing::is_child_rank()) {
+    GTEST_SKIP() << "launching test inside a rank";
+  }
+  ::zinf::testing::TempDir dir;
+  const std::vector<::zinf::testing::RankResult> results =
+      launch(2, "overlap", {{"ZINF_TEST_NVME_DIR", dir.path()}});
+  for (const ::zinf::testing::RankResult& r : results) {
+    EXPECT_TRUE(::zinf::testing::rank_passed(r));
+    if (r.rank != 0) continue;
+    int cases = 0;
+    std::istringstream lines(r.output);
+    for (std::string line; std::getline(lines, line);) {
+      if (line.rfind("OVERLAP", 0) == 0) {
+        std::cout << line << "\n";
+        ++cases;
+      }
+    }
+    EXPECT_EQ(cases, 2) << "rank 0 did not report both cases:\n" << r.output;
+  }
+}
 TEST(ZeroMultirank, Stage3OnNvmeOnThreeRanksMatchesOneProcess) { expect_nvme_parity(3, "nvme"); }
 
 // An Inf in one rank's gradients skips the step on every rank before any state changes
