@@ -894,6 +894,25 @@ int run_train(const TrainArgs& args) {
           tps > 0 ? static_cast<double>(tokens_per_step) / tps : 0.0, tokens_per_step,
           launch.world_size, threads);
       fmt::print("memory      planned and measured peak per tier (rank 0):\n{}", mem.table());
+      {
+        // The bytes each swap tier moved, per step over the whole run (rank 0).
+        const zero::ZeroModelStats z = eng.zero_model().stats();
+        const auto per_step = [&](uint64_t bytes) {
+          return engine::format_bytes(bytes / static_cast<uint64_t>(std::max<int64_t>(1, step)));
+        };
+        fmt::print(
+            "I/O/step   optimizer nvme read {} written {} | params nvme read {} written {}\n",
+            per_step(z.optimizer_swap.nvme_bytes_read),
+            per_step(z.optimizer_swap.nvme_bytes_written), per_step(z.param_swap.nvme_bytes_read),
+            per_step(z.param_swap.nvme_bytes_written));
+        if (cfg.zero.overlap_optimizer) {
+          fmt::print(
+              "overlap     {} sub-group updates behind the backward: {} kept, {} rolled back; "
+              "{:.2f} s waited for them after the backward in {} step(s)\n",
+              z.overlap.speculated, z.overlap.committed, z.overlap.rolled_back,
+              z.overlap.wait_seconds, z.overlap.steps);
+        }
+      }
       if (mem.activations.saved > 0) {
         const zero::ActivationOffloadStats& a = mem.activations;
         fmt::print(
