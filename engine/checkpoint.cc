@@ -30,6 +30,10 @@ checkpoint::Checkpointer& Engine::checkpointer() {
   return *checkpointer_;
 }
 
+bool Engine::save_prepared() const noexcept {
+  return checkpointer_ && checkpointer_->save_prepared();
+}
+
 offload::StepObserver* Engine::prepared_observer() noexcept {
   return checkpointer_ ? checkpointer_->prepared_observer() : nullptr;
 }

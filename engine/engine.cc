@@ -349,7 +349,7 @@ void Engine::apply_step() {
 // with the step's schedules and loss scale as they stand now (a skipped or clipped step
 // redoes them in update_model). Not while a prepared save waits to see every sub-group.
 void Engine::arm_overlap() {
-  if (!options_.zero.overlap_optimizer || prepared_observer() != nullptr) {
+  if (!options_.zero.overlap_optimizer || save_prepared()) {
     return;
   }
   const int64_t next = applied_steps_ + 1;

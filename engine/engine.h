@@ -235,6 +235,8 @@ class Engine {
   void report_step(const zero::OptimizerStepOutcome& outcome, double lr, double scale);
   // The prepared save to show the next optimizer step to, or nullptr (engine/checkpoint.cc).
   offload::StepObserver* prepared_observer() noexcept;
+  // Whether a save is prepared for after the coming step (takes nothing).
+  [[nodiscard]] bool save_prepared() const noexcept;
   void prepared_step_done(bool applied) noexcept;
   // The checkpoint calls' Checkpointer (engine/checkpoint/checkpointer.h), made at the first.
   checkpoint::Checkpointer& checkpointer();

@@ -82,6 +82,8 @@ class Checkpointer {
 
   // The prepared save to show the next optimizer step to (once), or nullptr.
   offload::StepObserver* prepared_observer() noexcept;
+  // Whether a prepared save waits to be shown the next optimizer step (takes nothing).
+  [[nodiscard]] bool save_prepared() const noexcept;
   // After the step shown to the prepared save: whether it was applied (not skipped).
   void prepared_step_done(bool applied) noexcept;
 

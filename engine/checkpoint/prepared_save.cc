@@ -187,6 +187,8 @@ offload::StepObserver* Checkpointer::prepared_observer() noexcept {
   return prepared_.get();
 }
 
+bool Checkpointer::save_prepared() const noexcept { return prepared_ && !prepared_->observed; }
+
 void Checkpointer::prepared_step_done(bool applied) noexcept {
   if (!prepared_) return;
   prepared_->step_applied = applied;
