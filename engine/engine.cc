@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <utility>
 
@@ -171,6 +172,16 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, EngineOptions options,
   in.activations = options_.activations;
   in.host_reads_device_memory = accelerator_->host_reads_device_memory();
   plan_ = plan_memory(in);
+  if (const std::string why = overlap_misfit(plan_); !why.empty()) {
+    // zinf.overlap_optimizer by default only where its costs fit: this run goes without.
+    log(
+        fmt::format("zinf.overlap_optimizer off for this run (its default): {}; set the key "
+                    "true to insist, false to silence this",
+                    why));
+    options_.zero.overlap_optimizer = false;
+    in.zero = options_.zero;
+    plan_ = plan_memory(in);
+  }
   PlanLimits limits;
   limits.device_budget = accelerator_->memory_stats().budget_bytes;
   limits.pinned_limit = options_.zero.pinned_memory_limit;
@@ -207,6 +218,46 @@ uint64_t host_memory_available_bytes() {
     if (key == "MemAvailable:") return value * 1024;  // kB
   }
   return aio::physical_memory_bytes();
+}
+
+// Why the default overlap does not fit this machine, or "": the swap folders' free space
+// below the plan's swap files, or the host memory available below the plan's host and pinned
+// bytes. A key given explicitly is never second-guessed.
+std::string Engine::overlap_misfit(const MemoryPlan& plan) const {
+  const zero::ZeroConfig& z = options_.zero;
+  if (!z.overlap_optimizer || z.overlap_optimizer_given ||
+      z.offload_optimizer != zero::OffloadTarget::kNvme) {
+    return {};
+  }
+  // Free space over the distinct filesystems of the swap folders (a folder not made yet is
+  // left to the stores, which check it themselves).
+  uint64_t free_bytes = 0;
+  std::vector<std::uintmax_t> seen;
+  bool measured = false;
+  for (const std::string& folder : z.nvme_paths) {
+    std::error_code ec;
+    const std::filesystem::space_info space = std::filesystem::space(folder, ec);
+    if (ec) continue;
+    measured = true;
+    if (std::find(seen.begin(), seen.end(), space.capacity) != seen.end()) continue;
+    seen.push_back(space.capacity);
+    free_bytes += space.available;
+  }
+  if (measured && plan.nvme > free_bytes) {
+    return fmt::format(
+        "its spare extents bring the swap files to {}, and the swap folders have {} "
+        "free",
+        format_bytes(plan.nvme), format_bytes(free_bytes));
+  }
+  const uint64_t host = plan.host + plan.pinned + plan.host_peak_init;
+  const uint64_t available = host_memory_available_bytes();
+  if (host > available) {
+    return fmt::format(
+        "with the speculated params it holds, the run needs {} of host memory and "
+        "{} is available",
+        format_bytes(host), format_bytes(available));
+  }
+  return {};
 }
 
 void check_memory_plan(const MemoryPlan& plan, const PlanLimits& limits) {

@@ -229,6 +229,7 @@ class Engine {
   void emit(const std::string& event, double value) const;
   void apply_step();
   void arm_overlap();
+  [[nodiscard]] std::string overlap_misfit(const MemoryPlan& plan) const;
   double apply_schedules(int64_t step);
   zero::OptimizerStepOutcome update_model(int64_t step, double scale, bool& watched);
   void count_step(const zero::OptimizerStepOutcome& outcome, double scale, bool watched);

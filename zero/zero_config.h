@@ -75,6 +75,9 @@ struct ZeroConfig {
   // exact rollback (zero/partitioned_optimizer.h). The config layer resolves the key's
   // default (on for offload_optimizer nvme, off elsewhere).
   bool overlap_optimizer = false;
+  // The key was given (not its default): the engine then keeps the overlap even where its
+  // spare extents or held copies do not fit, and the start-up fails with the numbers.
+  bool overlap_optimizer_given = false;
 
   // zinf.activation_offload: where ZeroBlocks keep their saved inputs between forward and
   // backward (zero/activation_offload.h); kNone: on the device.

@@ -784,6 +784,7 @@ void check_offload(ParseContext& ctx, RunConfig& c) {
   // The optimizer's overlap with the backward: on by default where its I/O is to hide.
   c.zero.overlap_optimizer =
       c.zinf.overlap_optimizer.value_or(z.offload_optimizer == zero::OffloadTarget::kNvme);
+  c.zero.overlap_optimizer_given = c.zinf.overlap_optimizer.has_value();
   if (c.zinf.activation_offload && c.zinf.cpu_checkpointing &&
       *c.zinf.activation_offload != zero::OffloadTarget::kCpu) {
     ctx.warn("activation_checkpointing.cpu_checkpointing",

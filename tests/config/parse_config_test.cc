@@ -597,10 +597,13 @@ TEST(ParseConfigTest, OverlapOptimizerDefaultsOnForNvmeOnly) {
   EXPECT_TRUE(parse(fmt::format("{{{}}}", nvme)).zero.overlap_optimizer);
   EXPECT_FALSE(parse(fmt::format("{{{}}}", cpu)).zero.overlap_optimizer);
   EXPECT_FALSE(parse("{}").zero.overlap_optimizer);
+  EXPECT_FALSE(parse(fmt::format("{{{}}}", nvme)).zero.overlap_optimizer_given);
   EXPECT_FALSE(parse(fmt::format(R"({{{}, "zinf": {{"overlap_optimizer": false}}}})", nvme))
                    .zero.overlap_optimizer);
   EXPECT_TRUE(parse(fmt::format(R"({{{}, "zinf": {{"overlap_optimizer": true}}}})", cpu))
                   .zero.overlap_optimizer);
+  EXPECT_TRUE(parse(fmt::format(R"({{{}, "zinf": {{"overlap_optimizer": true}}}})", cpu))
+                  .zero.overlap_optimizer_given);
   expect_error(parse_error(R"({"zinf": {"overlap_optimizer": "yes"}})"), "zinf.overlap_optimizer",
                {"\"yes\""});
 }

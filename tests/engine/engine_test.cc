@@ -15,6 +15,7 @@
 
 #include "aio/pinned_budget.h"
 #include "engine/model/llama.h"
+#include "tests/common/small_tmpfs.h"
 #include "tests/common/temp_dir.h"
 #include "tests/common/test_accelerator.h"
 #include "tests/engine/tiny_llama.h"
@@ -197,6 +198,58 @@ TEST(Engine, APlanOverThePinnedLimitIsRefusedWithTheNumbers) {
     EXPECT_NE(message.find("zinf.pinned_memory_limit allows 4096 B"), std::string::npos) << message;
   }
   aio::reset_pinned_memory_limit();
+}
+
+// zinf.overlap_optimizer by default stands back, saying why at start-up, where its spare
+// extents do not fit the swap folder; given explicitly, the run is refused with the numbers.
+TEST(Engine, DefaultOverlapStandsBackWhereItsSpareExtentsDoNotFit) {
+  EngineOptions o = options_for(3, 1, 2, 1e-3);
+  o.zero.offload_optimizer = zero::OffloadTarget::kNvme;
+  o.zero.sub_group_size = 2000;  // several sub-groups
+  o.zero.overlap_optimizer = true;
+  const auto init = [](const std::string& name, at::Tensor& full) {
+    init_parameter(7, name, full);
+  };
+  // The swap files with and without the overlap, planned in a folder with room for both.
+  uint64_t with = 0, without = 0;
+  for (const bool overlap : {true, false}) {
+    ::zinf::testing::TempDir dir;
+    EngineOptions p = o;
+    p.zero.nvme_paths = {dir.path()};
+    p.zero.overlap_optimizer = overlap;
+    p.zero.overlap_optimizer_given = true;
+    Engine engine(std::make_shared<LlamaModelImpl>(tiny()), p, init);
+    (overlap ? with : without) = engine.memory_report().plan.nvme;
+  }
+  ASSERT_GT(with, without);
+  ::zinf::testing::SmallTmpfs fs(without + (with - without) / 2);
+  if (!fs.mounted()) GTEST_SKIP() << "cannot mount a small tmpfs: " << fs.error();
+  o.zero.nvme_paths = {fs.path()};
+  std::vector<std::string> lines;
+  o.log = [&](const std::string& line) { lines.push_back(line); };
+  {
+    auto model = std::make_shared<LlamaModelImpl>(tiny());
+    Engine engine(model, o, init);
+    bool said = false;
+    for (const std::string& line : lines) {
+      said = said || line.find("zinf.overlap_optimizer off for this run") != std::string::npos;
+    }
+    EXPECT_TRUE(said) << "no start-up line says the overlap is off";
+    EXPECT_EQ(engine.memory_report().plan.nvme, without);
+    (void)engine.train_batch([&](int) {
+      auto [x, y] = batch(0, o.micro_batch_size);
+      return model->loss(x, y);
+    });
+    EXPECT_EQ(engine.zero_model().stats().overlap.steps, 0u);
+  }
+  o.zero.overlap_optimizer_given = true;
+  try {
+    Engine engine(std::make_shared<LlamaModelImpl>(tiny()), o, init);
+    FAIL() << "an explicit overlap that does not fit was accepted";
+  } catch (const std::exception& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find(fs.path()), std::string::npos) << message;
+  }
 }
 
 }  // namespace

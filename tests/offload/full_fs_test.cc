@@ -19,54 +19,20 @@
 #include "offload/error.h"
 #include "offload/nvme_store.h"
 #include "tests/common/seed.h"
+#include "tests/common/small_tmpfs.h"
 #include "tests/common/temp_dir.h"
 #include "tests/offload/test_util.h"
 
 namespace zinf::offload {
 namespace {
 
+using zinf::testing::SmallTmpfs;
+
 using testing::random_bytes;
 using zinf::testing::TempDir;
 using zinf::testing::test_seed;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
-
-// A size-limited tmpfs mounted on a fresh temporary folder for the object's lifetime.
-class SmallTmpfs {
- public:
-  explicit SmallTmpfs(uint64_t bytes) {
-    const std::string options = "size=" + std::to_string(bytes);
-    if (::mount("zinf_test", dir_.path().c_str(), "tmpfs", MS_NOSUID | MS_NODEV, options.c_str()) !=
-        0) {
-      error_ = std::strerror(errno);
-      return;
-    }
-    mounted_ = true;
-  }
-  ~SmallTmpfs() {
-    if (mounted_ && ::umount2(dir_.path().c_str(), MNT_DETACH) != 0) {
-      ADD_FAILURE() << "umount " << dir_.path() << ": " << std::strerror(errno);
-    }
-  }
-  SmallTmpfs(const SmallTmpfs&) = delete;
-  SmallTmpfs& operator=(const SmallTmpfs&) = delete;
-
-  bool mounted() const { return mounted_; }
-  const std::string& error() const { return error_; }
-  const std::string& path() const { return dir_.path(); }
-
-  uint64_t free_bytes() const {
-    struct statvfs fs {};
-    return ::statvfs(dir_.path().c_str(), &fs) == 0
-               ? static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize
-               : 0;
-  }
-
- private:
-  TempDir dir_;
-  bool mounted_ = false;
-  std::string error_;
-};
 
 // Writes a file of up to `bytes` bytes (another user of the disk); returns how many it got
 // before the file system was full.
