@@ -404,10 +404,11 @@ void OptimizerSwapper::write_sub_group(OptimizerState state, size_t sub_group, c
 
 void OptimizerSwapper::read_sub_group(OptimizerState state, size_t sub_group, void* data) {
   const uint64_t bytes = sub_group_range(sub_group).second * element_bytes(state);
+  // (held() refuses the params and states of an undecided speculative update.)
   if (const void* in_memory = held(state, sub_group)) {  // counted as a CPU read there
     std::memcpy(data, in_memory, bytes);
     return;
-  }  // (held() refuses the params and states of an undecided speculative update)
+  }
   store_->read(sub_groups_[sub_group].extents[kind_index(state)], data);
   counters_.add_nvme_read(bytes);
 }
@@ -785,12 +786,16 @@ void OptimizerSwapper::commit_speculation() {
     throw;
   }
   const size_t grads_k = kind_index(OptimizerState::kGrads);
-  for (SubGroup& sg : sub_groups_) {
+  for (size_t g = 0; g < sub_groups_.size(); ++g) {
+    SubGroup& sg = sub_groups_[g];
     if (sg.state != SubGroupState::kSpeculated) continue;
     for (size_t k = 0; k < sg.spare.size(); ++k) {
       if (k != grads_k) std::swap(sg.extents[k], sg.spare[k]);
     }
     sg.state = SubGroupState::kCommitted;
+    if (BufferSet* set = holder(g)) {
+      set->valid[grads_k] = 0;  // consumed by the update, as in a plain step
+    }
   }
 }
 
