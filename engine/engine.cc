@@ -555,9 +555,11 @@ std::string Engine::breakdown() const {
       s.optimizer_swap.io_wait_seconds - last_stats_.optimizer_swap.io_wait_seconds,
       s.param_swap.io_wait_seconds - last_stats_.param_swap.io_wait_seconds,
       options_.zero.overlap_optimizer
-          ? fmt::format(" | overlap: waited for the optimizer {:.3f} s after the backward, "
-                        "{} sub-groups updated behind it, {} rolled back",
+          ? fmt::format(" | overlap: waited for the optimizer {:.3f} s after the backward "
+                        "(the backward {:.3f} s for its staging buffers), {} sub-groups updated "
+                        "behind it, {} rolled back",
                         s.overlap.wait_seconds - last_stats_.overlap.wait_seconds,
+                        s.overlap.backward_wait_seconds - last_stats_.overlap.backward_wait_seconds,
                         s.overlap.committed - last_stats_.overlap.committed,
                         s.overlap.rolled_back - last_stats_.overlap.rolled_back)
           : std::string());
