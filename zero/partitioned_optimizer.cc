@@ -382,6 +382,9 @@ void PartitionedOptimizer::end_micro_batch() {
     if (last_micro_batch_) {
       const auto* grads = static_cast<const float*>(swapper_->memory(OptimizerState::kGrads));
       for (size_t g = 0; g < groups.size(); ++g) {
+        if (spec_.active && remaining_[g] == 0) {
+          continue;  // measured when it became final
+        }
         measure(g, grads + groups[g].offset, groups[g].numel);
       }
     }

@@ -54,7 +54,8 @@ struct OverlapResult {
   OverlapStats overlap;
 };
 
-inline std::vector<float> overlap_states(ZeroModel& model) {
+// This rank's fp32 master weights, exp_avg and exp_avg_sq, as the optimizer tier holds them.
+inline std::vector<float> optimizer_states(ZeroModel& model) {
   std::vector<float> all;
   offload::OptimizerSwapper& swapper = model.optimizer().swapper();
   for (offload::OptimizerState state :
@@ -125,7 +126,7 @@ inline OverlapResult train_overlap(const OverlapPlan& plan, bool overlap, double
     r.norms.push_back(outcome.grad_norm);
     r.skipped.push_back(outcome.skipped);
   }
-  r.states = overlap_states(model);
+  r.states = optimizer_states(model);
   for (const torch::Tensor& p : unique_parameters(net)) {
     r.params.push_back(p.detach().clone());
   }

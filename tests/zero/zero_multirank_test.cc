@@ -230,22 +230,6 @@ struct RankCase {
   bool two_ranks_only = false;
 };
 
-// This rank's fp32 master weights, exp_avg and exp_avg_sq, as the optimizer tier holds them.
-std::vector<float> optimizer_states(ZeroModel& model) {
-  std::vector<float> all;
-  offload::OptimizerSwapper& swapper = model.optimizer().swapper();
-  for (offload::OptimizerState state :
-       {offload::OptimizerState::kParams, offload::OptimizerState::kExpAvg,
-        offload::OptimizerState::kExpAvgSq}) {
-    for (size_t g = 0; g < swapper.sub_group_count(); ++g) {
-      const size_t at = all.size();
-      all.resize(at + swapper.sub_group_range(g).second);
-      swapper.read_sub_group(state, g, all.data() + at);
-    }
-  }
-  return all;
-}
-
 // Trains `c` on this rank and compares with the one-process reference. Throws what ZeroModel
 // throws (the killed-rank case expects a CommError).
 void train_and_compare(const RankCase& c, Communicator& comm, uint64_t seed) {
@@ -309,7 +293,7 @@ void train_and_compare(const RankCase& c, Communicator& comm, uint64_t seed) {
     std::vector<float> states_before;
     std::vector<torch::Tensor> params_before;
     if (overflow) {
-      states_before = optimizer_states(model);
+      states_before = testing::optimizer_states(model);
       for (const torch::Tensor& p : testing::unique_parameters(net)) {
         params_before.push_back(p.detach().clone());
       }
@@ -340,7 +324,7 @@ void train_and_compare(const RankCase& c, Communicator& comm, uint64_t seed) {
       *inject = false;
       EXPECT_TRUE(outcome.skipped) << "the Inf of rank 0 did not skip step " << step;
       EXPECT_EQ(outcome.nonfinite, 1u) << "NaN/Inf elements counted over the ranks";
-      EXPECT_TRUE(optimizer_states(model) == states_before)
+      EXPECT_TRUE(testing::optimizer_states(model) == states_before)
           << "a skipped step changed master weights or moments";
       const std::vector<torch::Tensor> params_after = testing::unique_parameters(net);
       for (size_t i = 0; i < params_before.size(); ++i) {
