@@ -27,8 +27,13 @@ int try_make_directory(const std::string& path) {
   }
   const int error = errno;
   struct stat st {};
-  if (error == EEXIST && ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    return 0;
+  if (error == EEXIST) {
+    if (::stat(path.c_str(), &st) == 0) {
+      return S_ISDIR(st.st_mode) ? 0 : EEXIST;
+    }
+    if (errno == ENOENT) {
+      return ENOENT;  // another store removed it between the mkdir and the stat: again
+    }
   }
   return error;
 }
