@@ -172,15 +172,14 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, EngineOptions options,
   in.activations = options_.activations;
   in.host_reads_device_memory = accelerator_->host_reads_device_memory();
   plan_ = plan_memory(in);
-  if (const std::string why = overlap_misfit(plan_); !why.empty()) {
-    // zinf.overlap_optimizer by default only where its costs fit: this run goes without.
-    log(
-        fmt::format("zinf.overlap_optimizer off for this run (its default): {}; set the key "
-                    "true to insist, false to silence this",
-                    why));
-    options_.zero.overlap_optimizer = false;
-    in.zero = options_.zero;
-    plan_ = plan_memory(in);
+  {
+    // The defaults that stand back where their costs do not fit this machine.
+    FitLimits fit;
+    fit.host_available = host_memory_available_bytes();
+    fit.swap_free = swap_free_bytes(options_.zero);
+    fit.device_is_host_memory = accelerator_->name() != "cuda";
+    for (const std::string& line : fit_defaults(in, plan_, fit)) log(line);
+    options_.zero = in.zero;
   }
   PlanLimits limits;
   limits.device_budget = accelerator_->memory_stats().budget_bytes;
@@ -220,21 +219,18 @@ uint64_t host_memory_available_bytes() {
   return aio::physical_memory_bytes();
 }
 
-// Why the default overlap does not fit this machine, or "": the swap folders' free space
-// below the plan's swap files, or the host memory available below the plan's host and pinned
-// bytes. A key given explicitly is never second-guessed.
-std::string Engine::overlap_misfit(const MemoryPlan& plan) const {
-  const zero::ZeroConfig& z = options_.zero;
-  if (!z.overlap_optimizer || z.overlap_optimizer_given ||
-      z.offload_optimizer != zero::OffloadTarget::kNvme) {
-    return {};
-  }
+std::optional<uint64_t> swap_free_bytes(const zero::ZeroConfig& zero) {
   // Free space over the distinct filesystems of the swap folders (a folder not made yet is
   // left to the stores, which check it themselves).
   uint64_t free_bytes = 0;
   std::vector<std::uintmax_t> seen;
   bool measured = false;
-  for (const std::string& folder : z.nvme_paths) {
+  std::vector<std::string> folders = zero.nvme_paths;
+  for (const std::string* folder :
+       {&zero.param_nvme_path, &zero.optimizer_nvme_path, &zero.activation_nvme_path}) {
+    if (!folder->empty()) folders.push_back(*folder);
+  }
+  for (const std::string& folder : folders) {
     std::error_code ec;
     const std::filesystem::space_info space = std::filesystem::space(folder, ec);
     if (ec) continue;
@@ -243,21 +239,60 @@ std::string Engine::overlap_misfit(const MemoryPlan& plan) const {
     seen.push_back(space.capacity);
     free_bytes += space.available;
   }
-  if (measured && plan.nvme > free_bytes) {
-    return fmt::format(
-        "its spare extents bring the swap files to {}, and the swap folders have {} "
-        "free",
-        format_bytes(plan.nvme), format_bytes(free_bytes));
+  if (!measured) return std::nullopt;
+  return free_bytes;
+}
+
+std::vector<std::string> fit_defaults(PlanInputs& in, MemoryPlan& plan, const FitLimits& limits) {
+  std::vector<std::string> lines;
+  zero::ZeroConfig& z = in.zero;
+  const auto ranks = static_cast<uint64_t>(std::max(1, limits.ranks_on_node));
+  auto host_need = [&] {
+    const uint64_t per_rank = limits.host_held_bytes + plan.host + plan.pinned +
+                              plan.host_peak_init +
+                              (limits.device_is_host_memory ? plan.device_total() : 0);
+    return per_rank * ranks;
+  };
+  auto host_short = [&]() -> std::string {
+    const uint64_t need = host_need();
+    if (need <= limits.host_available) return {};
+    return fmt::format("the run would need {} of host memory{} and {} is available",
+                       format_bytes(need),
+                       ranks > 1 ? fmt::format(" for {} ranks on this node", ranks) : "",
+                       format_bytes(limits.host_available));
+  };
+  if (z.overlap_optimizer && !z.overlap_optimizer_given &&
+      z.offload_optimizer == zero::OffloadTarget::kNvme) {
+    std::string why;
+    if (limits.swap_free && plan.nvme * ranks > *limits.swap_free) {
+      why = fmt::format(
+          "its spare extents bring the swap files to {}{}, and the swap folders have {} free",
+          format_bytes(plan.nvme * ranks), ranks > 1 ? " for this node's ranks" : "",
+          format_bytes(*limits.swap_free));
+    } else if (const std::string short_of = host_short(); !short_of.empty()) {
+      why = "with the speculated params it holds, " + short_of;
+    }
+    if (!why.empty()) {
+      lines.push_back(fmt::format(
+          "zinf.overlap_optimizer off for this run (its default): {}; set the key true to "
+          "insist, false to silence this",
+          why));
+      z.overlap_optimizer = false;
+      plan = plan_memory(in);
+    }
   }
-  const uint64_t host = plan.host + plan.pinned + plan.host_peak_init;
-  const uint64_t available = host_memory_available_bytes();
-  if (host > available) {
-    return fmt::format(
-        "with the speculated params it holds, the run needs {} of host memory and "
-        "{} is available",
-        format_bytes(host), format_bytes(available));
+  if (z.host_grads && !z.host_grads_given) {
+    if (const std::string short_of = host_short(); !short_of.empty()) {
+      lines.push_back(fmt::format(
+          "zinf.grad_offload \"nvme\" for this run (its default is \"cpu\"): with the "
+          "optimizer's fp32 grads in host memory {}; the grads go to the swap files, written and "
+          "read once per micro-batch; set the key to insist or to silence this",
+          short_of));
+      z.host_grads = false;
+      plan = plan_memory(in);
+    }
   }
-  return {};
+  return lines;
 }
 
 void check_memory_plan(const MemoryPlan& plan, const PlanLimits& limits) {

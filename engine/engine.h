@@ -70,6 +70,26 @@ void check_memory_plan(const MemoryPlan& plan, const PlanLimits& limits);
 // memory where that cannot be read).
 [[nodiscard]] uint64_t host_memory_available_bytes();
 
+// The free space of the distinct filesystems under the config's swap folders; nullopt when
+// none of them exists yet (the stores check theirs when they make them).
+[[nodiscard]] std::optional<uint64_t> swap_free_bytes(const zero::ZeroConfig& zero);
+
+// What fit_defaults holds the defaults that stand back to.
+struct FitLimits {
+  uint64_t host_available = 0;         // host memory available now (for the node's ranks)
+  int ranks_on_node = 1;               // ranks sharing it
+  uint64_t host_held_bytes = 0;        // per rank, besides the plan (see PlanLimits)
+  std::optional<uint64_t> swap_free;   // the swap folders' free space, when measured
+  bool device_is_host_memory = false;  // the plan's device bytes are host memory too
+};
+
+// The defaults that cost memory or disk where they apply, and stand back where that is not
+// there, in this order: zinf.overlap_optimizer (its spare extents on the swap folders, its
+// held params in host memory), then zinf.grad_offload "cpu" (the optimizer's fp32 grads in host
+// memory). A key the config gave is never changed. Updates `in.zero` and re-plans `plan`;
+// returns one line per default turned off, saying why.
+std::vector<std::string> fit_defaults(PlanInputs& in, MemoryPlan& plan, const FitLimits& limits);
+
 struct OptimizerSettings {
   optimizer_cpu::OptimizerKind type = optimizer_cpu::OptimizerKind::kAdamW;
   double lr = 1e-3;
@@ -229,7 +249,6 @@ class Engine {
   void emit(const std::string& event, double value) const;
   void apply_step();
   void arm_overlap();
-  [[nodiscard]] std::string overlap_misfit(const MemoryPlan& plan) const;
   double apply_schedules(int64_t step);
   zero::OptimizerStepOutcome update_model(int64_t step, double scale, bool& watched);
   void count_step(const zero::OptimizerStepOutcome& outcome, double scale, bool watched);

@@ -30,6 +30,11 @@ size_t element_bytes_of(OptimizerState state, const OptimizerSwapperConfig& conf
   return state == OptimizerState::kGrads ? optimizer_cpu::dtype_size(config.grad_dtype) : 4;
 }
 
+// Device kNvme with the grads in host memory: no grad extents, no grad buffers in the sets.
+bool host_grads(const OptimizerSwapperConfig& config) {
+  return config.device == OffloadDevice::kNvme && config.grads_in_memory;
+}
+
 // Buffer sets: one sub-group in flight, one more for each pipelined direction (NVMe only).
 size_t buffer_sets(const OptimizerSwapperConfig& config) {
   if (config.device != OffloadDevice::kNvme) return 1;
@@ -108,38 +113,52 @@ OptimizerSwapper::OptimizerSwapper(const OptimizerSwapperConfig& config,
   }
   const uint64_t group = largest_;
   const size_t sets = buffer_sets(config_);
-  if (config_.device == OffloadDevice::kNvme && config_.buffer_count < kinds_.size()) {
-    throw OffloadError(ErrorKind::kConfig,
-                       "offload_optimizer.buffer_count is " + std::to_string(config_.buffer_count) +
-                           " but " + std::string(optimizer.name()) + " needs " +
-                           std::to_string(kinds_.size()) +
-                           " buffers per sub-group (params, grads and its states)");
+  const size_t grads_k = kind_index(OptimizerState::kGrads);
+  const bool grads_at_home = host_grads(config_);  // (the grads then need no buffer)
+  const size_t per_set = kinds_.size() - (grads_at_home ? 1 : 0);
+  if (config_.device == OffloadDevice::kNvme && config_.buffer_count < per_set) {
+    throw OffloadError(
+        ErrorKind::kConfig,
+        "offload_optimizer.buffer_count is " + std::to_string(config_.buffer_count) + " but " +
+            std::string(optimizer.name()) + " needs " + std::to_string(per_set) +
+            (grads_at_home ? " buffers per sub-group (params and its states)"
+                           : " buffers per sub-group (params, grads and its states)"));
   }
   // No destructor runs for a throwing constructor: give back every extent taken so far.
   try {
     if (config_.device == OffloadDevice::kNvme) {
+      memory_.resize(kinds_.size());
+      if (grads_at_home) {
+        memory_[grads_k].resize(numel_ * element_bytes(OptimizerState::kGrads));
+      }
       for (SubGroup& sg : sub_groups_) {
         sg.extents.reserve(kinds_.size());  // push_back below cannot throw: no id is lost
         for (OptimizerState kind : kinds_) {
-          sg.extents.push_back(store_->allocate(sg.numel * element_bytes(kind)));
+          sg.extents.push_back(kind == OptimizerState::kGrads && grads_at_home
+                                   ? kNoExtent
+                                   : store_->allocate(sg.numel * element_bytes(kind)));
         }
         if (config_.speculate) {
           sg.spare.reserve(kinds_.size());
           for (OptimizerState kind : kinds_) {
             sg.spare.push_back(kind == OptimizerState::kGrads
-                                   ? sg.extents.back()  // never used: the grads have no spare
+                                   ? kNoExtent  // the grads have no spare
                                    : store_->allocate(sg.numel * element_bytes(kind)));
           }
         }
       }
       store_->reserve();  // fail now, with the numbers, rather than at the first write
-      state_pool_ = std::make_unique<PinnedBufferPool>(
-          sets * kinds_.size(), state_buffer_bytes(group), accelerator, "optimizer state pool");
+      state_pool_ = std::make_unique<PinnedBufferPool>(sets * per_set, state_buffer_bytes(group),
+                                                       accelerator, "optimizer state pool");
       copy_pool_ = std::make_unique<PinnedBufferPool>(sets, copy_buffer_bytes(group), accelerator,
                                                       "param copy pool");
       for (size_t s = 0; s < sets; ++s) {
         auto set = std::make_unique<BufferSet>();
-        set->states = state_pool_->acquire(kinds_.size());
+        set->states = state_pool_->acquire(per_set);
+        if (grads_at_home) {  // no buffer: the grads are read where they are
+          set->states.insert(set->states.begin() + static_cast<std::ptrdiff_t>(grads_k),
+                             PinnedBufferPool::Lease{});
+        }
         set->copy = copy_pool_->acquire();
         set->valid.assign(kinds_.size(), 0);
         set->queue = make_queue();
@@ -177,7 +196,15 @@ OptimizerSwapper::BufferSet* OptimizerSwapper::holder(size_t sub_group) noexcept
 }
 
 bool OptimizerSwapper::grads_in_sets() const noexcept {
-  return store_ != nullptr && sub_groups_.size() <= sets_.size();
+  return store_ != nullptr && !config_.grads_in_memory && sub_groups_.size() <= sets_.size();
+}
+
+bool OptimizerSwapper::in_memory(size_t k) const noexcept {
+  return store_ == nullptr || (config_.grads_in_memory && kinds_[k] == OptimizerState::kGrads);
+}
+
+std::byte* OptimizerSwapper::memory_at(size_t k, const SubGroup& sg) {
+  return memory_[k].data() + sg.offset * element_bytes(kinds_[k]);
 }
 
 void OptimizerSwapper::drop_sets() noexcept {
@@ -222,6 +249,7 @@ void OptimizerSwapper::free_extents() noexcept {
     }
     sg.spare.clear();
     for (ExtentId extent : sg.extents) {
+      if (extent == kNoExtent) continue;
       try {
         store_->free(extent);
       } catch (const std::exception& e) {
@@ -274,9 +302,15 @@ Footprint OptimizerSwapper::footprint(const OptimizerSwapperConfig& config,
     }
     return f;
   }
-  f.pinned += sets * kinds.size() * pinned_allocation(state_buffer_bytes(group));
+  const bool grads_at_home = host_grads(config);
+  f.pinned += sets * (kinds.size() - (grads_at_home ? 1 : 0)) *
+              pinned_allocation(state_buffer_bytes(group));
   for (const uint64_t n : config.sub_groups) {  // an extent per sub-group and kind
     for (OptimizerState kind : kinds) {
+      if (kind == OptimizerState::kGrads && grads_at_home) {
+        f.host += n * element_bytes_of(kind, config);
+        continue;
+      }
       const uint64_t extent = swap_extent(n * element_bytes_of(kind, config));
       f.nvme += extent;
       if (config.speculate && kind != OptimizerState::kGrads) f.nvme += extent;  // the spare
@@ -313,7 +347,7 @@ void OptimizerSwapper::initialize(const float* params) {
       continue;
     }
     const size_t k = kind_index(kind);
-    if (store_ == nullptr) {
+    if (in_memory(k)) {
       std::memset(memory_[k].data(), 0, memory_[k].size());
       continue;
     }
@@ -337,7 +371,7 @@ void OptimizerSwapper::load_state(OptimizerState state, const void* data) {
   const size_t k = kind_index(state);
   const size_t bytes = element_bytes(state);
   const auto* src = static_cast<const std::byte*>(data);
-  if (store_ == nullptr) {
+  if (in_memory(k)) {
     std::memcpy(memory_[k].data(), src, numel_ * bytes);
     counters_.add_cpu_written(numel_ * bytes);
     return;
@@ -351,7 +385,7 @@ void OptimizerSwapper::read_state(OptimizerState state, void* data) {
   const size_t k = kind_index(state);
   const size_t bytes = element_bytes(state);
   auto* dst = static_cast<std::byte*>(data);
-  if (store_ == nullptr) {
+  if (in_memory(k)) {
     std::memcpy(dst, memory_[k].data(), numel_ * bytes);
     counters_.add_cpu_read(numel_ * bytes);
     return;
@@ -374,14 +408,15 @@ bool OptimizerSwapper::has_state(OptimizerState state) const noexcept {
 }
 
 void* OptimizerSwapper::memory(OptimizerState state) {
-  return store_ == nullptr ? memory_[kind_index(state)].data() : nullptr;
+  const size_t k = kind_index(state);
+  return in_memory(k) ? memory_[k].data() : nullptr;
 }
 
 void OptimizerSwapper::write_sub_group(OptimizerState state, size_t sub_group, const void* data) {
   const auto [offset, numel] = sub_group_range(sub_group);
   const size_t k = kind_index(state);
   const size_t bytes = element_bytes(state);
-  if (store_ == nullptr) {
+  if (in_memory(k)) {
     std::memcpy(memory_[k].data() + offset * bytes, data, numel * bytes);
     counters_.add_cpu_written(numel * bytes);
     return;
@@ -422,7 +457,7 @@ const void* OptimizerSwapper::held(OptimizerState state, size_t sub_group) {
                                               std::to_string(sub_group) +
                                               " read while a speculative update is undecided");
   }
-  if (store_ == nullptr) {
+  if (in_memory(k)) {
     counters_.add_cpu_read(numel * element_bytes(state));
     return memory_[k].data() + offset * element_bytes(state);
   }
@@ -445,7 +480,7 @@ void OptimizerSwapper::write_grads(uint64_t offset, const void* grads, uint64_t 
   const size_t k = kind_index(OptimizerState::kGrads);
   const size_t bytes = element_bytes(OptimizerState::kGrads);
   const auto* src = static_cast<const std::byte*>(grads);
-  if (store_ == nullptr) {
+  if (in_memory(k)) {
     std::memcpy(memory_[k].data() + offset * bytes, src, numel * bytes);
     counters_.add_cpu_written(numel * bytes);
     return;
@@ -617,7 +652,7 @@ void OptimizerSwapper::step_nvme(const OptimizerStepOptions& options, const Para
     set.hold(static_cast<long>(order[j]));
     const SubGroup& sg = sub_groups_[order[j]];
     for (size_t k = 0; k < kinds_.size(); ++k) {
-      if (set.valid[k] != 0) {
+      if (set.valid[k] != 0 || in_memory(k)) {
         continue;
       }
       set.queue->async_read(sg.extents[k], set.states[k].data());
@@ -642,7 +677,10 @@ void OptimizerSwapper::step_nvme(const OptimizerStepOptions& options, const Para
       const size_t i = order[j];
       const SubGroup& sg = sub_groups_[i];
       for (size_t k = 0; k < kinds_.size(); ++k) {
-        arrays[k] = set.states[k].data();
+        arrays[k] = in_memory(k) ? memory_at(k, sg) : set.states[k].data();
+      }
+      if (in_memory(grads)) {
+        counters_.add_cpu_read(sg.numel * element_bytes(OptimizerState::kGrads));
       }
       void* copy_ptr = !options.copy_params                          ? nullptr
                        : config_.param_copy_dtype == DType::kFloat32 ? arrays[0]
@@ -742,16 +780,24 @@ uint64_t OptimizerSwapper::speculate(size_t sub_group, const void* grads,
       if (set.queue == nullptr) set.queue = make_queue();
       wait();  // whatever the set still had in flight (a step's last writes, a speculation's)
       set.hold(static_cast<long>(sub_group));
-      std::memcpy(set.states[grads_k].data(), grads,
-                  sg.numel * element_bytes(OptimizerState::kGrads));
-      set.valid[grads_k] = 1;
-      counters_.add_cpu_written(sg.numel * element_bytes(OptimizerState::kGrads));
+      if (in_memory(grads_k)) {
+        counters_.add_cpu_read(sg.numel * element_bytes(OptimizerState::kGrads));
+      } else {
+        std::memcpy(set.states[grads_k].data(), grads,
+                    sg.numel * element_bytes(OptimizerState::kGrads));
+        set.valid[grads_k] = 1;
+        counters_.add_cpu_written(sg.numel * element_bytes(OptimizerState::kGrads));
+      }
       if (grads_taken) grads_taken();
-      if (keep_grads && !grads_in_sets()) {
+      if (keep_grads && !grads_in_sets() && !in_memory(grads_k)) {
         set.queue->async_write(sg.extents[grads_k], set.states[grads_k].data());
         counters_.add_nvme_written(sg.numel * element_bytes(OptimizerState::kGrads));
       }
       for (size_t k = 0; k < kinds_.size(); ++k) {
+        if (in_memory(k)) {
+          arrays[k] = memory_at(k, sg);
+          continue;
+        }
         if (set.valid[k] == 0) {
           set.queue->async_read(sg.extents[k], set.states[k].data());
           set.valid[k] = 1;

@@ -53,6 +53,12 @@
 // returns or throws. So an observer can work on them behind the step (one set's worth
 // behind with one buffer set, more with pipelining) without copying them.
 //
+// Grads in host memory (config.grads_in_memory, device kNvme): the grads array is a host
+// array like the CPU tier's, written through memory() or the calls below, and the step reads
+// each sub-group's grads from it in place: no grad extent, no grad buffer in the sets, no grad
+// bytes on the disk. A caller accumulating the grads of several micro-batches then never
+// writes and reads them back between micro-batches.
+//
 // Speculative updates (config.speculate; zero/partitioned_optimizer.h overlaps them with the
 // backward): speculate() updates one sub-group before the step is known to be valid, with
 // options the step will most likely use, and keeps what is needed to undo it. On NVMe the new
@@ -106,6 +112,10 @@ struct OptimizerSwapperConfig {
   // Allow speculate(): spare extents (device kNvme) or undo arrays (kCpu) for the params and
   // the optimizer's states of every sub-group.
   bool speculate = false;
+  // Device kNvme: the grads array lives in host memory (memory(kGrads)) instead of swap
+  // extents; the optimizer's pass reads it in place and it never reaches the disk. kCpu:
+  // ignored (every array is in memory).
+  bool grads_in_memory = false;
 };
 
 // What one step needs besides the stored arrays.
@@ -190,8 +200,9 @@ class OptimizerSwapper {
   [[nodiscard]] bool has_state(OptimizerState state) const noexcept;
   // First element and element count of sub-group i.
   [[nodiscard]] std::pair<uint64_t, uint64_t> sub_group_range(size_t sub_group) const;
-  // Device kCpu: the array itself [numel], for callers that accumulate into it in place
-  // (no step may run meanwhile). Device kNvme: nullptr.
+  // An array kept in host memory (device kCpu: every one; kNvme with grads_in_memory: the
+  // grads): the array itself [numel], for callers that accumulate into it in place (no step
+  // may run meanwhile; a speculate() reads only its own sub-group's grads). Else nullptr.
   [[nodiscard]] void* memory(OptimizerState state);
 
   // One optimizer step over every sub-group (see the header comment).
@@ -208,11 +219,12 @@ class OptimizerSwapper {
   // ---- speculative updates (see the header comment; config().speculate) ----
   // Updates sub-group `sub_group` with `options`, its final grads [numel fp32] at `grads`
   // (device kNvme: copied into the sub-group's buffer set, after which `grads_taken` is
-  // called and `grads` may be reused; device kCpu: nullptr, the grads array is used in
-  // place). The updated params in param_copy_dtype go to `param_copy` [numel elements]. With
-  // `keep_grads` the grads are also stored (device kNvme, written to their extent unless the
-  // set keeps them), so that a rollback can redo the update with another scale. Returns the
-  // NaN/Inf count of the scaled grads. At most once per sub-group between decisions.
+  // called and `grads` may be reused; grads kept in memory (memory(kGrads) is not null):
+  // nullptr, the grads array is used in place). The updated params in param_copy_dtype go to
+  // `param_copy` [numel elements]. With `keep_grads` the grads are also stored (device kNvme,
+  // written to their extent unless the set keeps them), so that a rollback can redo the update with
+  // another scale. Returns the NaN/Inf count of the scaled grads. At most once per sub-group
+  // between decisions.
   uint64_t speculate(size_t sub_group, const void* grads, const OptimizerStepOptions& options,
                      void* param_copy, bool keep_grads, const std::function<void()>& grads_taken);
   // Makes every speculated update current (see the header comment); the next step() leaves
@@ -238,16 +250,21 @@ class OptimizerSwapper {
 
  private:
   enum class SubGroupState { kPlain, kSpeculated, kCommitted };
+  static constexpr ExtentId kNoExtent = ~ExtentId{0};
   struct SubGroup {
     uint64_t offset = 0;  // first element in the partition
     uint64_t numel = 0;
-    std::vector<ExtentId> extents;  // NVMe: one per kind in kinds_
-    std::vector<ExtentId> spare;    // NVMe with speculate: one per kind (the grads' unused)
+    std::vector<ExtentId> extents;  // NVMe: one per kind in kinds_ (kNoExtent: in memory)
+    std::vector<ExtentId> spare;    // NVMe with speculate: one per kind (the grads' kNoExtent)
     SubGroupState state = SubGroupState::kPlain;
   };
   struct BufferSet;
 
   size_t kind_index(OptimizerState state) const;
+  // Array kinds_[k] is kept in host memory (memory_[k]), not in swap extents.
+  [[nodiscard]] bool in_memory(size_t k) const noexcept;
+  // Array kinds_[k] (at sub-group `sg`) in memory_.
+  [[nodiscard]] std::byte* memory_at(size_t k, const SubGroup& sg);
   size_t element_bytes(OptimizerState state) const;
   void step_in_memory(const OptimizerStepOptions& options, const ParamCopySink& sink,
                       OptimizerStepReport& report);
@@ -278,8 +295,9 @@ class OptimizerSwapper {
   std::vector<SubGroup> sub_groups_;
   uint64_t numel_ = 0;    // the partition
   uint64_t largest_ = 0;  // elements of the largest sub-group: the buffers' size
-  std::vector<std::vector<std::byte>> memory_;  // device kCpu: one array per kind
-  std::vector<std::vector<std::byte>> undo_;    // device kCpu with speculate: per kind
+  // One per kind: device kCpu every array; kNvme with grads_in_memory the grads only.
+  std::vector<std::vector<std::byte>> memory_;
+  std::vector<std::vector<std::byte>> undo_;  // device kCpu with speculate: per kind
   std::unique_ptr<PinnedBufferPool> state_pool_;
   std::unique_ptr<PinnedBufferPool> copy_pool_;
   bool register_pool_ = true;  // false once a handle refused the pool (one warning in all)

@@ -512,8 +512,8 @@ int run_train(const TrainArgs& args) {
     options.activations =
         engine::llama_activations(*model, micro, seq_len, dtype == at::kFloat ? 4 : 2);
     const int64_t global_batch = micro * cfg.zero.gradient_accumulation_steps * launch.world_size;
-    const engine::MemoryPlan plan =
-        engine::plan_memory(llama_plan_inputs(*model, cfg, launch.world_size, micro, seq_len));
+    engine::PlanInputs plan_in = llama_plan_inputs(*model, cfg, launch.world_size, micro, seq_len);
+    engine::MemoryPlan plan = engine::plan_memory(plan_in);
     // The bare config's budget, 1/4 of the model states, is below what the smallest models
     // need at once (one decoder layer gathered, the resident embedding and head, activations):
     // it is raised to that, and said so.
@@ -659,11 +659,22 @@ int run_train(const TrainArgs& args) {
     // The Engine checks its plan again once the module exists; this comes first because
     // building the module allocates every parameter in full on the host.
     {
+      const uint64_t held = params * (dtype == at::kFloat ? 4 : 2);
+      // The defaults that stand back where they do not fit (the Engine checks again).
+      engine::FitLimits fit;
+      fit.host_available = engine::host_memory_available_bytes();
+      fit.ranks_on_node = launch.local_world_size;
+      fit.host_held_bytes = held;
+      fit.swap_free = engine::swap_free_bytes(cfg.zero);
+      fit.device_is_host_memory = options.accelerator != "cuda";
+      for (const std::string& line : engine::fit_defaults(plan_in, plan, fit)) say("  " + line);
+      options.zero.overlap_optimizer = plan_in.zero.overlap_optimizer;
+      options.zero.host_grads = plan_in.zero.host_grads;
       engine::PlanLimits limits;
       limits.device_budget = options.memory_budget;
       limits.pinned_limit = cfg.zero.pinned_memory_limit;
       limits.check_host = true;
-      limits.host_held_bytes = params * (dtype == at::kFloat ? 4 : 2);
+      limits.host_held_bytes = held;
       limits.ranks_on_node = launch.local_world_size;
       engine::check_memory_plan(plan, limits);
     }

@@ -62,7 +62,8 @@ PartitionedOptimizer::PartitionedOptimizer(const PartitionLayout& layout, const 
   copies_.resize(groups);
   speculated_.assign(groups, 0);
   worker_ = std::make_unique<TaskThread>();
-  if (nvme_) {
+  host_grads_ = swapper_->memory(OptimizerState::kGrads) != nullptr;
+  if (!host_grads_) {
     const uint64_t largest = layout_.sub_groups().front().numel;
     staging_[0] = aio::PinnedBuffer(largest * sizeof(float));
     staging_[1] = aio::PinnedBuffer(largest * sizeof(float));
@@ -81,6 +82,7 @@ offload::OptimizerSwapperConfig PartitionedOptimizer::swapper_config(
   sc.grad_dtype = optimizer_cpu::DType::kFloat32;
   sc.param_copy_dtype = copy_dtype(config.precision);
   sc.speculate = config.overlap_optimizer;
+  sc.grads_in_memory = config.host_grads;
   return sc;
 }
 
@@ -90,7 +92,7 @@ offload::Footprint PartitionedOptimizer::footprint(const ZeroConfig& config,
   const uint64_t largest = sub_groups.empty() ? 0 : sub_groups.front();  // the cut's first
   offload::Footprint f =
       offload::OptimizerSwapper::footprint(swapper_config(config, std::move(sub_groups)), states);
-  if (config.offload_optimizer == OffloadTarget::kNvme) {
+  if (config.offload_optimizer == OffloadTarget::kNvme && !config.host_grads) {
     f.pinned += 2 * offload::pinned_allocation(largest * sizeof(float));  // staging_
   }
   return f;
@@ -157,8 +159,8 @@ void PartitionedOptimizer::finish_master() {
     if (!swapper_->has_state(state)) {
       continue;
     }
-    if (!nvme_) {
-      std::memset(swapper_->memory(state), 0, layout_.partition_numel() * sizeof(float));
+    if (void* memory = swapper_->memory(state)) {
+      std::memset(memory, 0, layout_.partition_numel() * sizeof(float));
       continue;
     }
     std::fill(init_buffer_.begin(), init_buffer_.end(), 0.0f);
@@ -189,7 +191,7 @@ void PartitionedOptimizer::begin_micro_batch(int micro_batch) {
     std::fill(sumsq_.begin(), sumsq_.end(), 0.0);
     std::fill(nonfinite_.begin(), nonfinite_.end(), 0);
     std::fill(on_disk_.begin(), on_disk_.end(), false);
-    if (!nvme_) {
+    if (host_grads_) {
       std::memset(swapper_->memory(OptimizerState::kGrads), 0,
                   layout_.partition_numel() * sizeof(float));
     }
@@ -276,7 +278,7 @@ void PartitionedOptimizer::accumulate(uint64_t offset, const void* grads, DType 
   const uint64_t group_size = groups.front().numel;
   const auto first = static_cast<size_t>(offset / group_size);
   const auto last = static_cast<size_t>((offset + numel - 1) / group_size);
-  if (!nvme_) {
+  if (host_grads_) {
     auto* dst = static_cast<float*>(swapper_->memory(OptimizerState::kGrads));
     accumulate_scaled(dst + offset, src, dtype, numel, scale);
     if (!spec_.active) {
@@ -378,7 +380,7 @@ void PartitionedOptimizer::flush_staged() {
 
 void PartitionedOptimizer::end_micro_batch() {
   const auto& groups = layout_.sub_groups();
-  if (!nvme_) {
+  if (host_grads_) {
     if (last_micro_batch_) {
       const auto* grads = static_cast<const float*>(swapper_->memory(OptimizerState::kGrads));
       for (size_t g = 0; g < groups.size(); ++g) {

@@ -8,7 +8,10 @@
 // OptimizerSwapper (pipeline_read / pipeline_write).
 //
 // Gradients arrive already reduced (zero/grad_reducer.h): accumulate() adds a scaled piece
-// at a partition offset. In memory they are added in place. On NVMe they are gathered in a
+// at a partition offset. In memory they are added in place: tiers none and cpu, and nvme with
+// config.host_grads (zinf.grad_offload "cpu", the default where it fits: the fp32 sums of a
+// step's micro-batches stay in host memory, 4 bytes per element, and the swapper's step reads
+// them there; OptimizerSwapperConfig::grads_in_memory). On NVMe they are gathered in a
 // pinned staging buffer one sub-group at a time (two buffers: one is written to its swap
 // file in the background while the next fills), so each sub-group's grads are written once
 // per micro-batch, as a whole; a sub-group revisited out of order, or one that holds the
@@ -175,6 +178,8 @@ class PartitionedOptimizer {
   const bool norm_is_global_;
   std::unique_ptr<offload::OptimizerSwapper> swapper_;
   bool nvme_ = false;
+  bool host_grads_ = false;  // the grads array is in host memory (tiers none and cpu; nvme
+                             // with config.host_grads): accumulated into in place
 
   // Initialisation.
   uint64_t appended_ = 0;
@@ -185,9 +190,9 @@ class PartitionedOptimizer {
   bool last_micro_batch_ = true;
   std::vector<double> sumsq_;        // per sub-group, final values of this step
   std::vector<uint64_t> nonfinite_;  // per sub-group
-  std::vector<bool> on_disk_;        // nvme: the swap file holds this step's sums so far
+  std::vector<bool> on_disk_;        // grads on NVMe: the swap file holds this step's sums
   std::vector<bool> touched_;        // touched during this micro-batch
-  aio::PinnedBuffer staging_[2];     // nvme: fp32, one sub-group each
+  aio::PinnedBuffer staging_[2];     // grads on NVMe: fp32, one sub-group each
   int staged_slot_ = 0;
   long staged_ = -1;                // sub-group in staging_[staged_slot_], or -1
   std::future<void> slot_busy_[2];  // the task reading staging_[slot], if any

@@ -78,6 +78,13 @@ struct ZeroConfig {
   // The key was given (not its default): the engine then keeps the overlap even where its
   // spare extents or held copies do not fit, and the start-up fails with the numbers.
   bool overlap_optimizer_given = false;
+  // zinf.grad_offload "cpu" (offload_optimizer nvme): the optimizer's fp32 gradient partition
+  // is kept in host memory (4 bytes per element) instead of swap files, so the sums of a step's
+  // micro-batches are not written and read back between them, and the step reads no grads
+  // from the disk. The config layer turns it on by default with the optimizer on NVMe; the
+  // engine turns that default off where the host memory it needs is not available.
+  bool host_grads = false;
+  bool host_grads_given = false;  // the key was given: kept even where it does not fit
 
   // zinf.activation_offload: where ZeroBlocks keep their saved inputs between forward and
   // backward (zero/activation_offload.h); kNone: on the device.

@@ -677,6 +677,8 @@ ZeroModelStats ZeroModel::stats() const {
       s.host_bytes +=
           layout_->partition_numel() * 4 * (optimizer_->swapper().states_per_param() - 1);
     }
+  } else if (optimizer_->swapper().config().grads_in_memory) {  // zinf.grad_offload "cpu"
+    s.host_bytes += layout_->partition_numel() * 4;
   }
   if (activation_offload_) {
     s.activations = activation_offload_->stats();

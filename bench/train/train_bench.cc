@@ -86,7 +86,7 @@ int run_child(const Args& a) {
   nlohmann::json& z = root["zero_optimization"];
   if (a.clip >= 0.0) root["gradient_clipping"] = a.clip;
   std::string swap;
-  const bool nvme = a.child == "nvme" || a.child == "nvme-serial";
+  const bool nvme = a.child == "nvme" || a.child == "nvme-serial" || a.child == "nvme-disk";
   if (nvme) {
     std::string pattern = (fs::path(a.nvme_path) / "zinf-bench-XXXXXX").string();
     if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp in " + a.nvme_path);
@@ -103,8 +103,11 @@ int run_child(const Args& a) {
       z["sub_group_size"] = a.sub_group_size;  // sub-groups that cut through the params
     }
     // "nvme" overlaps the optimizer with the backward (zinf.overlap_optimizer's default on
-    // NVMe); "nvme-serial" runs the step after the backward, as without the key.
+    // NVMe); "nvme-serial" runs the step after the backward, as without the key; both keep the
+    // optimizer's grads in host memory (zinf.grad_offload's default where it fits).
+    // "nvme-disk" is the path before either: serial, the grads summed through the swap files.
     root["zinf"]["overlap_optimizer"] = a.child == "nvme";
+    if (a.child == "nvme-disk") root["zinf"]["grad_offload"] = "nvme";
   } else {
     z.erase("offload_param");
     z.erase("offload_optimizer");
@@ -257,7 +260,7 @@ int main(int argc, char** argv) {
   app.add_option("--steps", a.steps, "Steps per run (the first --warmup are not timed)")
       ->capture_default_str();
   app.add_option("--warmup", a.warmup)->capture_default_str();
-  app.add_option("--rounds", a.rounds, "Rounds; the three modes run once per round, rotated")
+  app.add_option("--rounds", a.rounds, "Rounds; the five modes run once per round, rotated")
       ->capture_default_str();
   app.add_option("--threads", a.threads, "Compute threads")->capture_default_str();
   app.add_option("--nvme-path", a.nvme_path, "Folder of the NVMe swap files")
@@ -287,7 +290,7 @@ int main(int argc, char** argv) {
         "bench/train: the bare zinf train config, {} model, fp32, {} steps ({} untimed), "
         "{} threads, {} rounds, swap in {}\n",
         a.model, a.steps, a.warmup, a.threads, a.rounds, a.nvme_path);
-    const std::vector<std::string> modes = {"none", "cpu", "nvme", "nvme-serial"};
+    const std::vector<std::string> modes = {"none", "cpu", "nvme", "nvme-serial", "nvme-disk"};
     std::map<std::string, std::vector<double>> tps, ratio, optimizer_s;
     std::map<std::string, Result> last;
     for (int round = 0; round < a.rounds; ++round) {
@@ -329,6 +332,19 @@ int main(int argc, char** argv) {
         median(optimizer_s["nvme"]), serial,
         serial > 0 ? median(optimizer_s["nvme"]) / serial : 0.0,
         median(tps["nvme"]) / std::max(median(tps["nvme-serial"]), 1e-9));
+    const Result& disk = last["nvme-disk"];
+    fmt::print(
+        "nvme: optimizer NVMe bytes per step against nvme-disk's (serial, grads through the swap "
+        "files): read {} / {} = {:.3f} (target <= 0.8), written {} / {} = {:.3f}; tokens/s "
+        "{:.3f}x\n",
+        engine::format_bytes(last["nvme"].read), engine::format_bytes(disk.read),
+        disk.read > 0 ? static_cast<double>(last["nvme"].read) / static_cast<double>(disk.read)
+                      : 0.0,
+        engine::format_bytes(last["nvme"].written), engine::format_bytes(disk.written),
+        disk.written > 0
+            ? static_cast<double>(last["nvme"].written) / static_cast<double>(disk.written)
+            : 0.0,
+        median(tps["nvme"]) / std::max(median(tps["nvme-disk"]), 1e-9));
     return 0;
   } catch (const std::exception& e) {
     fmt::print(stderr, "zinf_train_bench: {}\n", e.what());

@@ -682,9 +682,14 @@ void parse_zinf(JsonBlock& top, RunConfig& c) {
   if (b->has("overlap_optimizer")) {
     z.overlap_optimizer = b->boolean("overlap_optimizer", false);
   }
+  if (b->has("grad_offload")) {
+    static const std::vector<std::string_view> kGradTiers = {"cpu", "nvme"};
+    z.grad_offload = b->choice("grad_offload", kGradTiers, 0) == 0 ? zero::OffloadTarget::kCpu
+                                                                   : zero::OffloadTarget::kNvme;
+  }
   b->finish({"accelerator", "comm_timeout_s", "io_timeout_s", "nvme_paths", "swap_checksums",
              "pinned_memory_limit", "threads", "comm_backend", "activation_offload",
-             "overlap_optimizer"});
+             "overlap_optimizer", "grad_offload"});
 
   c.zero.swap_checksums = z.swap_checksums;
   c.zero.pinned_memory_limit = z.pinned_memory_limit_bytes;
@@ -785,6 +790,21 @@ void check_offload(ParseContext& ctx, RunConfig& c) {
   c.zero.overlap_optimizer =
       c.zinf.overlap_optimizer.value_or(z.offload_optimizer == zero::OffloadTarget::kNvme);
   c.zero.overlap_optimizer_given = c.zinf.overlap_optimizer.has_value();
+  // Where the optimizer's grads accumulate: a choice only when the optimizer is on NVMe (on
+  // the CPU tier they are in host memory already; with none, on the device).
+  if (c.zinf.grad_offload && z.offload_optimizer != zero::OffloadTarget::kNvme &&
+      !(z.offload_optimizer == zero::OffloadTarget::kCpu &&
+        *c.zinf.grad_offload == zero::OffloadTarget::kCpu)) {
+    ctx.fail("zinf.grad_offload",
+             fmt::format("\"{}\" needs zero_optimization.offload_optimizer.device \"nvme\" (it "
+                         "is \"{}\"): the grads accumulate where the optimizer's states are "
+                         "otherwise",
+                         device_name(*c.zinf.grad_offload), device_name(z.offload_optimizer)));
+  }
+  c.zero.host_grads =
+      z.offload_optimizer == zero::OffloadTarget::kNvme &&
+      c.zinf.grad_offload.value_or(zero::OffloadTarget::kCpu) == zero::OffloadTarget::kCpu;
+  c.zero.host_grads_given = c.zinf.grad_offload.has_value();
   if (c.zinf.activation_offload && c.zinf.cpu_checkpointing &&
       *c.zinf.activation_offload != zero::OffloadTarget::kCpu) {
     ctx.warn("activation_checkpointing.cpu_checkpointing",

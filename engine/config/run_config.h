@@ -210,6 +210,9 @@ struct ZinfConfig {
   // optimizer is on NVMe (its I/O is what the overlap hides, the cost is disk space), off on
   // the CPU tier, where the undo copies would cost 12 bytes of host memory per parameter.
   std::optional<bool> overlap_optimizer;
+  // zinf.grad_offload: "cpu" or "nvme", where the optimizer's fp32 grads accumulate with
+  // offload_optimizer nvme (zero::ZeroConfig::host_grads); unset: host memory where it fits.
+  std::optional<zero::OffloadTarget> grad_offload;
 };
 
 // ---- the whole config -------------------------------------------------------------------------

@@ -608,6 +608,33 @@ TEST(ParseConfigTest, OverlapOptimizerDefaultsOnForNvmeOnly) {
                {"\"yes\""});
 }
 
+// zinf.grad_offload: with the optimizer on NVMe the grads accumulate in host memory unless the
+// key says "nvme" (the engine turns the default off where it does not fit); "nvme" without
+// the optimizer on NVMe is refused, naming the key and the device.
+TEST(ParseConfigTest, GradOffloadDefaultsToHostMemoryWithTheOptimizerOnNvme) {
+  const char* nvme = R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme",
+      "nvme_path": "/mnt/o"}})";
+  const char* cpu = R"("zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}})";
+  EXPECT_TRUE(parse(fmt::format("{{{}}}", nvme)).zero.host_grads);
+  EXPECT_FALSE(parse(fmt::format("{{{}}}", nvme)).zero.host_grads_given);
+  EXPECT_FALSE(parse(fmt::format("{{{}}}", cpu)).zero.host_grads);  // (in memory already)
+  EXPECT_FALSE(parse("{}").zero.host_grads);
+  const RunConfig on_disk =
+      parse(fmt::format(R"({{{}, "zinf": {{"grad_offload": "nvme"}}}})", nvme));
+  EXPECT_FALSE(on_disk.zero.host_grads);
+  EXPECT_TRUE(on_disk.zero.host_grads_given);
+  EXPECT_TRUE(parse(fmt::format(R"({{{}, "zinf": {{"grad_offload": "cpu"}}}})", nvme))
+                  .zero.host_grads_given);
+  EXPECT_FALSE(
+      parse(fmt::format(R"({{{}, "zinf": {{"grad_offload": "cpu"}}}})", cpu)).zero.host_grads);
+  expect_error(parse_error(fmt::format(R"({{{}, "zinf": {{"grad_offload": "nvme"}}}})", cpu)),
+               "zinf.grad_offload", {"\"nvme\"", "offload_optimizer.device", "\"cpu\""});
+  expect_error(parse_error(R"({"zinf": {"grad_offload": "cpu"}})"), "zinf.grad_offload",
+               {"\"none\""});
+  expect_error(parse_error(R"({"zinf": {"grad_offload": "disk"}})"), "zinf.grad_offload",
+               {"\"disk\""});
+}
+
 TEST(ParseConfigTest, DeprecatedCpuOffloadFlags) {
   RunConfig c = parse(R"({"zero_optimization": {"stage": 3, "cpu_offload": true,
                                                "cpu_offload_param": true}})");

@@ -494,6 +494,59 @@ TEST(OptimizerSwapper, PinnedMemoryIsFixedByTheConfigAndCountersAddUp) {
   EXPECT_FALSE(c.to_string().empty());
 }
 
+// Grads in host memory (grads_in_memory, zinf.grad_offload "cpu"): every pipelining mode,
+// with one sub-group or several, gives what plain arrays give; the step reads and writes only
+// p, m and v on NVMe, the sets have no grad buffer, and the footprint says so.
+TEST(OptimizerSwapper, GradsInMemoryGiveTheSameStepsAndNeverReachTheDisk) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  const Problem problem(seed);
+  for (const uint64_t sub_group : {kNumel, kSubGroup}) {
+    const Outcome direct = run_direct(problem, 3, sub_group);
+    for (int mode = 0; mode < 4; ++mode) {
+      TempDir dir;
+      NvmeStore store(store_config(dir.path(), mode == 1));
+      OptimizerSwapperConfig nvme;
+      nvme.pipeline_read = (mode & 1) != 0;
+      nvme.pipeline_write = (mode & 2) != 0;
+      nvme.grads_in_memory = true;
+      expect_identical(run_swapper(problem, nvme, &store, sub_group), direct,
+                       "grads in memory, sub_group " + std::to_string(sub_group) + ", mode " +
+                           std::to_string(mode));
+    }
+  }
+  TempDir dir;
+  NvmeStore store(store_config(dir.path(), false));
+  CpuAccelerator accelerator(0);
+  AdamOptimizer adam(adam_config());
+  OptimizerSwapperConfig config;
+  config.sub_groups = cut_sub_groups(kNumel, kSubGroup).sizes();
+  config.pipeline_read = config.pipeline_write = true;
+  config.grads_in_memory = true;
+  OptimizerSwapper swapper(config, adam, &store, &accelerator);
+  // 3 sets x (3 state buffers of 3000 x 4 bytes -> 12288 + one copy buffer 6000 -> 8192).
+  EXPECT_EQ(swapper.pinned_bytes(), 3u * (3u * 12288u + 8192u));
+  const Footprint f = OptimizerSwapper::footprint(config, adam.state_arrays());
+  EXPECT_EQ(f.pinned, swapper.pinned_bytes());
+  EXPECT_EQ(f.host, kNumel * 4);
+  EXPECT_EQ(f.nvme, store.stats().file_bytes);
+  ASSERT_NE(swapper.memory(OptimizerState::kGrads), nullptr);
+  EXPECT_EQ(swapper.memory(OptimizerState::kParams), nullptr);
+  std::mt19937 rng(seed);
+  const std::vector<float> grads = random_floats(rng, kNumel);
+  swapper.initialize(problem.params.data());
+  std::memcpy(swapper.memory(OptimizerState::kGrads), grads.data(), kNumel * 4);  // in place
+  std::vector<float> back(kNumel);
+  swapper.read_state(OptimizerState::kGrads, back.data());
+  EXPECT_EQ(back, grads);
+  swapper.reset_counters();
+  (void)swapper.step(OptimizerStepOptions{});
+  const OffloadCounters c = swapper.counters();
+  EXPECT_EQ(c.nvme_bytes_read, kNumel * 12);     // params, m, v (the grads from memory)
+  EXPECT_EQ(c.nvme_bytes_written, kNumel * 12);  // params, m, v
+  EXPECT_EQ(c.pool_buffers, 3u * 3u + 3u);
+}
+
 TEST(OptimizerSwapper, TooFewBuffersFailAtConstructionWithTheNumbers) {
   TempDir dir;
   NvmeStore store(store_config(dir.path(), false));
@@ -964,8 +1017,10 @@ TEST(OptimizerSwapperSpeculation, CommittedAndRolledBackUpdatesEqualPlainSteps) 
   const auto seed = static_cast<uint32_t>(test_seed());
   ZINF_TRACE_SEED(seed);
   const Problem problem(seed);
-  for (const int mode : {-1, 0, 3}) {  // -1: CPU tier; else pipeline_read | pipeline_write << 1
+  // -1: CPU tier; else pipeline_read | pipeline_write << 1, and 4: the grads in memory.
+  for (const int mode : {-1, 0, 3, 4 | 3}) {
     SCOPED_TRACE(mode < 0 ? std::string("cpu") : "nvme mode " + std::to_string(mode));
+    const bool in_place = mode < 0 || (mode & 4) != 0;  // the grads array used in place
     TempDir dir;
     NvmeStore store(store_config(dir.path(), true));
     AdamOptimizer adam(adam_config());
@@ -975,6 +1030,7 @@ TEST(OptimizerSwapperSpeculation, CommittedAndRolledBackUpdatesEqualPlainSteps) 
     config.pipeline_read = mode > 0 && (mode & 1) != 0;
     config.pipeline_write = mode > 0 && (mode & 2) != 0;
     config.speculate = true;
+    config.grads_in_memory = mode > 0 && (mode & 4) != 0;
     OptimizerSwapper swapper(config, adam, &store);
     swapper.initialize(problem.params.data());
     Outcome got;
@@ -985,20 +1041,20 @@ TEST(OptimizerSwapperSpeculation, CommittedAndRolledBackUpdatesEqualPlainSteps) 
     const std::vector<size_t> order = backward_order(swapper);
     for (int step = 1; step <= 2; ++step) {
       const std::vector<float>& grads = problem.grads[static_cast<size_t>(step - 1)];
-      if (mode < 0) swapper.write_grads(0, grads.data(), kNumel);  // used in place
+      if (in_place) swapper.write_grads(0, grads.data(), kNumel);
       // Every sub-group but the first (the last to be final) behind the "backward".
       for (size_t k = 0; k + 1 < order.size(); ++k) {
         const auto [offset, numel] = swapper.sub_group_range(order[k]);
         std::vector<uint16_t> copy(numel);
         bool taken = false;
-        (void)swapper.speculate(order[k], mode < 0 ? nullptr : grads.data() + offset,
+        (void)swapper.speculate(order[k], in_place ? nullptr : grads.data() + offset,
                                 options_for(step), copy.data(), /*keep_grads=*/step == 2,
                                 [&] { taken = true; });
         EXPECT_TRUE(taken);
         EXPECT_TRUE(swapper.speculated(order[k]));
         if (step == 1) got.copies[offset] = copy;
       }
-      if (mode >= 0) swapper.write_grads(0, grads.data(), kSubGroup);  // the first sub-group's
+      if (!in_place) swapper.write_grads(0, grads.data(), kSubGroup);  // the first sub-group's
       if (step == 1) {
         swapper.commit_speculation();
       } else {

@@ -8,6 +8,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/engine.h"
 #include "engine/memory_plan.h"
@@ -101,6 +103,85 @@ TEST(TrainConfig, TheEstimatedPlanIsTheEnginesOwn) {
       EXPECT_EQ(engine.zero_model().stats().pinned_bytes, built.pinned);
     }
   }
+}
+
+// With the optimizer on NVMe the config turns on zinf.overlap_optimizer and zinf.grad_offload
+// "cpu" by default; fit_defaults turns them off, overlap first, where the host memory (or the
+// swap folders' space) is short, saying why, and never touches a key the config gave. The
+// Engine plans what the estimate plans with the grads in host memory.
+TEST(TrainConfig, DefaultsStandBackWhereTheyDoNotFit) {
+  ::zinf::testing::TempDir dir;
+  const engine::LlamaConfig model = wide_vocab(false);
+  nlohmann::json root = nvme_params(dir.path(), 1500);
+  root["zero_optimization"]["sub_group_size"] = 20000;
+  root["zero_optimization"]["offload_optimizer"] = {{"device", "nvme"}, {"nvme_path", dir.path()}};
+  const config::RunConfig c = resolve_run_config(root, "test", {}, model, nullptr);
+  ASSERT_TRUE(c.zero.overlap_optimizer);
+  ASSERT_TRUE(c.zero.host_grads);
+  constexpr int64_t kSeq = 16;
+  const engine::PlanInputs in = llama_plan_inputs(model, c, 1, 1, kSeq);
+  auto need = [&](bool overlap, bool host_grads) {
+    engine::PlanInputs v = in;
+    v.zero.overlap_optimizer = overlap;
+    v.zero.host_grads = host_grads;
+    const engine::MemoryPlan p = engine::plan_memory(v);
+    return p.host + p.pinned + p.host_peak_init;
+  };
+  const uint64_t both = need(true, true), grads_only = need(false, true), none = need(false, false);
+  ASSERT_GT(both, grads_only);
+  ASSERT_GT(grads_only, none);
+  auto fit = [&](uint64_t available, bool given) {
+    engine::PlanInputs v = in;
+    v.zero.overlap_optimizer_given = v.zero.host_grads_given = given;
+    engine::MemoryPlan plan = engine::plan_memory(v);
+    engine::FitLimits limits;
+    limits.host_available = available;
+    const std::vector<std::string> lines = engine::fit_defaults(v, plan, limits);
+    EXPECT_EQ(plan.host, engine::plan_memory(v).host) << "the plan was not redone";
+    return std::make_pair(v.zero, lines);
+  };
+  {
+    const auto [z, lines] = fit(both, false);
+    EXPECT_TRUE(z.overlap_optimizer && z.host_grads);
+    EXPECT_TRUE(lines.empty());
+  }
+  {
+    const auto [z, lines] = fit(grads_only, false);
+    EXPECT_FALSE(z.overlap_optimizer);
+    EXPECT_TRUE(z.host_grads);
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_NE(lines[0].find("zinf.overlap_optimizer off"), std::string::npos) << lines[0];
+    EXPECT_NE(lines[0].find(engine::format_bytes(grads_only)), std::string::npos) << lines[0];
+  }
+  {
+    const auto [z, lines] = fit(none, false);
+    EXPECT_FALSE(z.overlap_optimizer || z.host_grads);
+    ASSERT_EQ(lines.size(), 2u);
+    EXPECT_NE(lines[1].find("zinf.grad_offload \"nvme\" for this run"), std::string::npos)
+        << lines[1];
+    EXPECT_NE(lines[1].find(engine::format_bytes(grads_only)), std::string::npos) << lines[1];
+  }
+  {
+    const auto [z, lines] = fit(none, true);  // given keys stay, whatever they cost
+    EXPECT_TRUE(z.overlap_optimizer && z.host_grads);
+    EXPECT_TRUE(lines.empty());
+  }
+  // The Engine's plan and what its optimizer holds: the grads in host memory, 4 B/element.
+  engine::EngineOptions o = engine_options(c, zero::LaunchEnv{}, kSeq, 1);
+  o.activations = engine::llama_activations(model, 1, kSeq, 4);
+  o.steps_per_print = 0;
+  auto module = std::make_shared<engine::LlamaModelImpl>(model);
+  engine::Engine engine(module, o, [](const std::string& name, at::Tensor& full) {
+    engine::init_parameter(1, name, full);
+  });
+  ASSERT_TRUE(engine.options().zero.host_grads) << "the default stood back on this machine";
+  const engine::MemoryPlan estimated = engine::plan_memory(in);
+  EXPECT_EQ(estimated.host, engine.plan().host);
+  EXPECT_EQ(estimated.pinned, engine.plan().pinned);
+  EXPECT_EQ(estimated.nvme, engine.plan().nvme);
+  EXPECT_GE(engine.plan().host, engine.zero_model().layout().partition_numel() * 4);
+  EXPECT_NE(engine.zero_model().optimizer().swapper().memory(offload::OptimizerState::kGrads),
+            nullptr);
 }
 
 }  // namespace
