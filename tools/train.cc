@@ -828,6 +828,10 @@ int run_train(const TrainArgs& args) {
     std::optional<int64_t> abandoned;  // the step the second signal abandoned
     SignalWatcher watcher(progress, args.save, launch.launcher != "none");
     uint64_t allocations_after_first = 0;  // the device runtime's, after step 1
+    // The swap tiers' bytes from here on: the summary's I/O per step leaves out the start-up
+    // (the initial states written, a checkpoint loaded).
+    const zero::ZeroModelStats io_start = eng.zero_model().stats();
+    const int64_t first_step = step;
     while (step < steps && (sig = agreed_signal(eng)) == 0) {
       // A save follows this step: the step writes the optimizer states into it as it updates
       // them (stage 3 with the optimizer on NVMe; elsewhere this does nothing).
@@ -906,17 +910,25 @@ int run_train(const TrainArgs& args) {
           launch.world_size, threads);
       fmt::print("memory      planned and measured peak per tier (rank 0):\n{}", mem.table());
       {
-        // The bytes each swap tier moved, per step over the whole run (rank 0).
+        // The bytes each swap tier moved per step trained (rank 0), start-up left out.
         const zero::ZeroModelStats z = eng.zero_model().stats();
-        const auto per_step = [&](uint64_t bytes) {
-          return engine::format_bytes(bytes / static_cast<uint64_t>(std::max<int64_t>(1, step)));
+        const auto per_step = [&](uint64_t bytes, uint64_t at_start) {
+          return engine::format_bytes(
+              (bytes - std::min(bytes, at_start)) /
+              static_cast<uint64_t>(std::max<int64_t>(1, step - first_step)));
         };
+        const zero::ZeroConfig& run_zero = eng.options().zero;  // (after fit_defaults)
         fmt::print(
-            "I/O/step   optimizer nvme read {} written {} | params nvme read {} written {}\n",
-            per_step(z.optimizer_swap.nvme_bytes_read),
-            per_step(z.optimizer_swap.nvme_bytes_written), per_step(z.param_swap.nvme_bytes_read),
-            per_step(z.param_swap.nvme_bytes_written));
-        if (cfg.zero.overlap_optimizer) {
+            "I/O/step   optimizer nvme read {} written {} | params nvme read {} written {}{}\n",
+            per_step(z.optimizer_swap.nvme_bytes_read, io_start.optimizer_swap.nvme_bytes_read),
+            per_step(z.optimizer_swap.nvme_bytes_written,
+                     io_start.optimizer_swap.nvme_bytes_written),
+            per_step(z.param_swap.nvme_bytes_read, io_start.param_swap.nvme_bytes_read),
+            per_step(z.param_swap.nvme_bytes_written, io_start.param_swap.nvme_bytes_written),
+            run_zero.offload_optimizer != zero::OffloadTarget::kNvme ? ""
+            : run_zero.host_grads ? " (the optimizer's grads in host memory)"
+                                  : " (the optimizer's grads on nvme)");
+        if (run_zero.overlap_optimizer) {
           fmt::print(
               "overlap     {} sub-group updates behind the backward: {} kept, {} rolled back; "
               "{:.2f} s waited for them after the backward in {} step(s)\n",

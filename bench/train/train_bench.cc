@@ -2,7 +2,10 @@
 // config (tools/train_config.h: stage 3, fp32, one decoder layer gathered at a time) trained
 // with its params and optimizer states (a) on the accelerator, (b) on CPU, (c) on NVMe
 // (max_in_cpu 0; offload_param.buffer_count one per parameter unless --param-buffers says
-// otherwise, so the param pool holds every slice), on the default corpus from the same seed. Each
+// otherwise, so the param pool holds every slice) in three ways: `nvme` with the defaults (the
+// optimizer overlapped with the backward, its grads in host memory), `nvme-serial` without the
+// overlap, `nvme-disk` without either (the grads summed through the swap files); on the
+// default corpus from the same seed. Each
 // mode runs in a child process of this program (its own peak RSS); the modes are interleaved over
 // --rounds rounds in a rotated order; medians of tokens/s and of each round's ratio to the
 // no-offload run.
