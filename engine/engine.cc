@@ -3,6 +3,7 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include "offload/cpu_accelerator.h"
 #include "offload/cuda_accelerator.h"
 #include "offload/strict_accelerator.h"
+#include "offload/sub_groups.h"
 #include "optimizer_cpu/adagrad.h"
 #include "optimizer_cpu/adam.h"
 #include "optimizer_cpu/lion.h"
@@ -178,6 +180,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, EngineOptions options,
     fit.host_available = host_memory_available_bytes();
     fit.swap_free = swap_free_bytes(options_.zero);
     fit.device_is_host_memory = accelerator_->name() != "cuda";
+    fit.ranks_on_node = std::max(1, options_.launch.local_world_size);
     for (const std::string& line : fit_defaults(in, plan_, fit)) log(line);
     options_.zero = in.zero;
   }
@@ -223,7 +226,7 @@ std::optional<uint64_t> swap_free_bytes(const zero::ZeroConfig& zero) {
   // Free space over the distinct filesystems of the swap folders (a folder not made yet is
   // left to the stores, which check it themselves).
   uint64_t free_bytes = 0;
-  std::vector<std::uintmax_t> seen;
+  std::vector<dev_t> seen;  // the filesystems counted (two drives of one size are two)
   bool measured = false;
   std::vector<std::string> folders = zero.nvme_paths;
   for (const std::string* folder :
@@ -233,10 +236,11 @@ std::optional<uint64_t> swap_free_bytes(const zero::ZeroConfig& zero) {
   for (const std::string& folder : folders) {
     std::error_code ec;
     const std::filesystem::space_info space = std::filesystem::space(folder, ec);
-    if (ec) continue;
+    struct stat st {};
+    if (ec || ::stat(folder.c_str(), &st) != 0) continue;
     measured = true;
-    if (std::find(seen.begin(), seen.end(), space.capacity) != seen.end()) continue;
-    seen.push_back(space.capacity);
+    if (std::find(seen.begin(), seen.end(), st.st_dev) != seen.end()) continue;
+    seen.push_back(st.st_dev);
     free_bytes += space.available;
   }
   if (!measured) return std::nullopt;
@@ -261,35 +265,73 @@ std::vector<std::string> fit_defaults(PlanInputs& in, MemoryPlan& plan, const Fi
                        ranks > 1 ? fmt::format(" for {} ranks on this node", ranks) : "",
                        format_bytes(limits.host_available));
   };
-  if (z.overlap_optimizer && !z.overlap_optimizer_given &&
-      z.offload_optimizer == zero::OffloadTarget::kNvme) {
-    std::string why;
+  // Why the overlap as planned does not fit, or "".
+  auto overlap_short = [&]() -> std::string {
     if (limits.swap_free && plan.nvme * ranks > *limits.swap_free) {
-      why = fmt::format(
+      return fmt::format(
           "its spare extents bring the swap files to {}{}, and the swap folders have {} free",
           format_bytes(plan.nvme * ranks), ranks > 1 ? " for this node's ranks" : "",
           format_bytes(*limits.swap_free));
-    } else if (const std::string short_of = host_short(); !short_of.empty()) {
-      why = "with the speculated params it holds, " + short_of;
     }
-    if (!why.empty()) {
-      lines.push_back(fmt::format(
-          "zinf.overlap_optimizer off for this run (its default): {}; set the key true to "
-          "insist, false to silence this",
-          why));
-      z.overlap_optimizer = false;
+    if (const std::string short_of = host_short(); !short_of.empty()) {
+      return "with the speculated params it holds, " + short_of;
+    }
+    return {};
+  };
+  if (z.overlap_optimizer && !z.overlap_optimizer_given &&
+      z.offload_optimizer == zero::OffloadTarget::kNvme) {
+    if (const std::string why = overlap_short(); !why.empty()) {
+      // The largest window of last sub-groups whose spare extents and held params fit (both
+      // grow with the window), found by bisection; none: the overlap goes.
+      const size_t n = static_cast<size_t>(
+          offload::cut_sub_groups(plan.partition_numel, z.sub_group_size).count);
+      size_t fits = 0;
+      for (size_t lo = 1, hi = n > 0 ? n - 1 : 0; lo <= hi;) {
+        const size_t mid = lo + (hi - lo) / 2;
+        z.overlap_sub_groups = mid;
+        plan = plan_memory(in);
+        if (overlap_short().empty()) {
+          fits = mid;
+          lo = mid + 1;
+        } else {
+          hi = mid - 1;
+        }
+      }
+      if (fits > 0) {
+        z.overlap_sub_groups = fits;
+        lines.push_back(fmt::format(
+            "zinf.overlap_optimizer for the last {} of {} sub-groups only (its default): for all "
+            "of them {}; set the key true to insist on all, false to silence this",
+            fits, n, why));
+      } else {
+        z.overlap_optimizer = false;
+        z.overlap_sub_groups = 0;
+        lines.push_back(fmt::format(
+            "zinf.overlap_optimizer off for this run (its default): {}; set the key true to "
+            "insist, false to silence this",
+            why));
+      }
       plan = plan_memory(in);
     }
   }
   if (z.host_grads && !z.host_grads_given) {
     if (const std::string short_of = host_short(); !short_of.empty()) {
-      lines.push_back(fmt::format(
-          "zinf.grad_offload \"nvme\" for this run (its default is \"cpu\"): with the "
-          "optimizer's fp32 grads in host memory {}; the grads go to the swap files, written and "
-          "read once per micro-batch; set the key to insist or to silence this",
-          short_of));
       z.host_grads = false;
       plan = plan_memory(in);
+      // On the swap files the grads need space there too; where that is short as well, the
+      // stores refuse the run at start-up with their numbers: say it here first.
+      const std::string disk =
+          limits.swap_free && plan.nvme * ranks > *limits.swap_free
+              ? fmt::format(
+                    " (with them the swap files need {} and the swap folders have {} "
+                    "free: this run fits neither)",
+                    format_bytes(plan.nvme * ranks), format_bytes(*limits.swap_free))
+              : std::string();
+      lines.push_back(fmt::format(
+          "zinf.grad_offload \"nvme\" for this run (its default is \"cpu\"): with the "
+          "optimizer's fp32 grads in host memory {}; the grads go to the swap files{}, written "
+          "and read once per micro-batch; set the key to insist or to silence this",
+          short_of, disk));
     }
   }
   return lines;

@@ -35,6 +35,15 @@ bool host_grads(const OptimizerSwapperConfig& config) {
   return config.device == OffloadDevice::kNvme && config.grads_in_memory;
 }
 
+// The first sub-group that may be speculated (config.speculate_window: the last N; 0 or N >=
+// the count: every one).
+size_t first_speculable(const OptimizerSwapperConfig& config) {
+  const size_t n = config.sub_groups.size();
+  if (!config.speculate) return n;
+  return config.speculate_window == 0 || config.speculate_window >= n ? 0
+                                                                      : n - config.speculate_window;
+}
+
 // Buffer sets: one sub-group in flight, one more for each pipelined direction (NVMe only).
 size_t buffer_sets(const OptimizerSwapperConfig& config) {
   if (config.device != OffloadDevice::kNvme) return 1;
@@ -131,14 +140,16 @@ OptimizerSwapper::OptimizerSwapper(const OptimizerSwapperConfig& config,
       if (grads_at_home) {
         memory_[grads_k].resize(numel_ * element_bytes(OptimizerState::kGrads));
       }
-      for (SubGroup& sg : sub_groups_) {
+      const size_t speculable = first_speculable(config_);
+      for (size_t g = 0; g < sub_groups_.size(); ++g) {
+        SubGroup& sg = sub_groups_[g];
         sg.extents.reserve(kinds_.size());  // push_back below cannot throw: no id is lost
         for (OptimizerState kind : kinds_) {
           sg.extents.push_back(kind == OptimizerState::kGrads && grads_at_home
                                    ? kNoExtent
                                    : store_->allocate(sg.numel * element_bytes(kind)));
         }
-        if (config_.speculate) {
+        if (g >= speculable) {
           sg.spare.reserve(kinds_.size());
           for (OptimizerState kind : kinds_) {
             sg.spare.push_back(kind == OptimizerState::kGrads
@@ -305,7 +316,9 @@ Footprint OptimizerSwapper::footprint(const OptimizerSwapperConfig& config,
   const bool grads_at_home = host_grads(config);
   f.pinned += sets * (kinds.size() - (grads_at_home ? 1 : 0)) *
               pinned_allocation(state_buffer_bytes(group));
-  for (const uint64_t n : config.sub_groups) {  // an extent per sub-group and kind
+  const size_t speculable = first_speculable(config);
+  for (size_t g = 0; g < config.sub_groups.size(); ++g) {  // an extent per sub-group and kind
+    const uint64_t n = config.sub_groups[g];
     for (OptimizerState kind : kinds) {
       if (kind == OptimizerState::kGrads && grads_at_home) {
         f.host += n * element_bytes_of(kind, config);
@@ -313,7 +326,7 @@ Footprint OptimizerSwapper::footprint(const OptimizerSwapperConfig& config,
       }
       const uint64_t extent = swap_extent(n * element_bytes_of(kind, config));
       f.nvme += extent;
-      if (config.speculate && kind != OptimizerState::kGrads) f.nvme += extent;  // the spare
+      if (g >= speculable && kind != OptimizerState::kGrads) f.nvme += extent;  // the spare
     }
   }
   return f;
@@ -743,11 +756,20 @@ std::vector<size_t> OptimizerSwapper::step_order() const {
 
 // ---- speculative updates ------------------------------------------------------------------
 
+bool OptimizerSwapper::can_speculate(size_t sub_group) const noexcept {
+  return sub_group < sub_groups_.size() && sub_group >= first_speculable(config_);
+}
+
 uint64_t OptimizerSwapper::speculate(size_t sub_group, const void* grads,
                                      const OptimizerStepOptions& options, void* param_copy,
                                      bool keep_grads, const std::function<void()>& grads_taken) {
-  if (!config_.speculate) {
-    throw OffloadError(ErrorKind::kUsage, "speculate() on a swapper made without speculate");
+  if (!can_speculate(sub_group)) {
+    throw OffloadError(ErrorKind::kUsage,
+                       config_.speculate
+                           ? "speculate() of sub-group " + std::to_string(sub_group) +
+                                 ", outside the window of the last " +
+                                 std::to_string(config_.speculate_window)
+                           : std::string("speculate() on a swapper made without speculate"));
   }
   SubGroup& sg = sub_groups_.at(sub_group);
   if (sg.state != SubGroupState::kPlain) {

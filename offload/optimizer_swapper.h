@@ -110,8 +110,11 @@ struct OptimizerSwapperConfig {
   // optimizer's pass), or fp32 (the sink then reads the updated master params themselves).
   optimizer_cpu::DType param_copy_dtype = optimizer_cpu::DType::kBFloat16;
   // Allow speculate(): spare extents (device kNvme) or undo arrays (kCpu) for the params and
-  // the optimizer's states of every sub-group.
+  // the optimizer's states of every sub-group — or, with `speculate_window` N > 0, of the last
+  // N sub-groups only (the first to be final in a backward; device kNvme: the others get no
+  // spare extents and cannot be speculated).
   bool speculate = false;
+  size_t speculate_window = 0;
   // Device kNvme: the grads array lives in host memory (memory(kGrads)) instead of swap
   // extents; the optimizer's pass reads it in place and it never reaches the disk. kCpu:
   // ignored (every array is in memory).
@@ -233,6 +236,8 @@ class OptimizerSwapper {
   void commit_speculation();
   // Forgets every speculated update; returns how many sub-groups it undid.
   size_t rollback_speculation();
+  // Whether speculate() may update this sub-group (config.speculate, and inside the window).
+  [[nodiscard]] bool can_speculate(size_t sub_group) const noexcept;
   [[nodiscard]] bool speculated(size_t sub_group) const {
     return sub_groups_.at(sub_group).state == SubGroupState::kSpeculated;
   }

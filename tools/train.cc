@@ -669,6 +669,7 @@ int run_train(const TrainArgs& args) {
       fit.device_is_host_memory = options.accelerator != "cuda";
       for (const std::string& line : engine::fit_defaults(plan_in, plan, fit)) say("  " + line);
       options.zero.overlap_optimizer = plan_in.zero.overlap_optimizer;
+      options.zero.overlap_sub_groups = plan_in.zero.overlap_sub_groups;
       options.zero.host_grads = plan_in.zero.host_grads;
       engine::PlanLimits limits;
       limits.device_budget = options.memory_budget;
@@ -829,7 +830,8 @@ int run_train(const TrainArgs& args) {
     SignalWatcher watcher(progress, args.save, launch.launcher != "none");
     uint64_t allocations_after_first = 0;  // the device runtime's, after step 1
     // The swap tiers' bytes from here on: the summary's I/O per step leaves out the start-up
-    // (the initial states written, a checkpoint loaded).
+    // (the initial states written, a checkpoint loaded); evaluations and saves during the run
+    // are counted in it.
     const zero::ZeroModelStats io_start = eng.zero_model().stats();
     const int64_t first_step = step;
     while (step < steps && (sig = agreed_signal(eng)) == 0) {
@@ -910,7 +912,8 @@ int run_train(const TrainArgs& args) {
           launch.world_size, threads);
       fmt::print("memory      planned and measured peak per tier (rank 0):\n{}", mem.table());
       {
-        // The bytes each swap tier moved per step trained (rank 0), start-up left out.
+        // The bytes each swap tier moved per step trained (rank 0), start-up left out,
+        // evaluations and saves during the run in.
         const zero::ZeroModelStats z = eng.zero_model().stats();
         const auto per_step = [&](uint64_t bytes, uint64_t at_start) {
           return engine::format_bytes(

@@ -82,6 +82,7 @@ offload::OptimizerSwapperConfig PartitionedOptimizer::swapper_config(
   sc.grad_dtype = optimizer_cpu::DType::kFloat32;
   sc.param_copy_dtype = copy_dtype(config.precision);
   sc.speculate = config.overlap_optimizer;
+  sc.speculate_window = config.overlap_sub_groups;
   sc.grads_in_memory = config.host_grads;
   return sc;
 }
@@ -100,11 +101,14 @@ offload::Footprint PartitionedOptimizer::footprint(const ZeroConfig& config,
 
 uint64_t PartitionedOptimizer::overlap_host_bytes(const ZeroConfig& config,
                                                   const std::vector<uint64_t>& sub_groups) {
-  if (!config.overlap_optimizer || sub_groups.size() < 2) {
+  const size_t n = sub_groups.size();
+  if (!config.overlap_optimizer || n < 2) {
     return 0;
   }
+  const size_t window = config.overlap_sub_groups;
+  const size_t first = window == 0 || window >= n ? 1 : std::max<size_t>(1, n - window);
   uint64_t numel = 0;
-  for (size_t g = 1; g < sub_groups.size(); ++g) numel += sub_groups[g];
+  for (size_t g = first; g < n; ++g) numel += sub_groups[g];
   return numel * dtype_size(compute_dtype(config.precision));
 }
 
@@ -236,7 +240,7 @@ bool PartitionedOptimizer::should_speculate(size_t sub_group) {
     spec_.stopped = true;
     return false;
   }
-  return true;
+  return swapper_->can_speculate(sub_group);  // (outside the window: updated by step())
 }
 
 void PartitionedOptimizer::post_speculation(size_t sub_group, int slot) {

@@ -131,7 +131,8 @@ class PartitionedOptimizer {
   // the backward with these (see the header comment). No effect without the config key.
   void speculate_step(int64_t step, double loss_scale);
   [[nodiscard]] const OverlapStats& overlap_stats() const noexcept { return overlap_; }
-  // Host bytes the overlap may hold: the 16-bit copies of every sub-group but the first.
+  // Host bytes the overlap may hold: the 16-bit copies of every sub-group but the first (of
+  // the window's, with config.overlap_sub_groups).
   [[nodiscard]] static uint64_t overlap_host_bytes(const ZeroConfig& config,
                                                    const std::vector<uint64_t>& sub_groups);
 

@@ -78,6 +78,11 @@ struct ZeroConfig {
   // The key was given (not its default): the engine then keeps the overlap even where its
   // spare extents or held copies do not fit, and the start-up fails with the numbers.
   bool overlap_optimizer_given = false;
+  // With the overlap: 0 lets every sub-group be updated behind the backward; N > 0 only the
+  // last N of the partition (the first to be final), so that the spare extents and the held
+  // params cost N sub-groups' worth. Set by the engine where the whole does not fit
+  // (engine::fit_defaults).
+  size_t overlap_sub_groups = 0;
   // zinf.grad_offload "cpu" (offload_optimizer nvme): the optimizer's fp32 gradient partition
   // is kept in host memory (4 bytes per element) instead of swap files, so the sums of a step's
   // micro-batches are not written and read back between them, and the step reads no grads

@@ -48,10 +48,12 @@ def fio_rate(folder, rw, size):
     cmd = ["fio", "--name=" + rw, "--filename=" + path, "--size=" + size, "--bs=1M",
            "--direct=1", "--ioengine=io_uring", "--iodepth=32", "--rw=" + rw,
            "--output-format=json"]
+    ok = False
     try:
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        ok = True
     finally:
-        if rw == "read" and os.path.exists(path):
+        if (rw == "read" or not ok) and os.path.exists(path):
             os.unlink(path)
     job = json.loads(out)["jobs"][0]
     return float(job["read" if rw == "read" else "write"]["bw_bytes"])
@@ -66,9 +68,23 @@ class Cgroup:
         if limit is None:
             return
         root = "/sys/fs/cgroup" if self.v2 else "/sys/fs/cgroup/memory"
+        if self.v2:  # the memory controller must be enabled for the children of the root
+            try:
+                with open(os.path.join(root, "cgroup.subtree_control"), "w") as f:
+                    f.write("+memory")
+            except OSError:
+                pass  # already enabled, or not ours to change: the limit below will say
         self.path = os.path.join(root, f"zinf-overlap-{os.getpid()}-{time.monotonic_ns()}")
         os.mkdir(self.path)
-        self.write("memory.max" if self.v2 else "memory.limit_in_bytes", str(limit))
+        try:
+            self.write("memory.max" if self.v2 else "memory.limit_in_bytes", str(limit))
+            # No escape to swap space: the limit is the memory the run has.
+            swap = "memory.swap.max" if self.v2 else "memory.memsw.limit_in_bytes"
+            if os.path.exists(os.path.join(self.path, swap)):
+                self.write(swap, "0" if self.v2 else str(limit))
+        except OSError:
+            self.remove()
+            raise
 
     def write(self, name, value):
         with open(os.path.join(self.path, name), "w") as f:
@@ -121,10 +137,12 @@ def run_zinf(args, config, overlap, limit):
            str(args.steps), "--seq-len", "32", "--micro-batch", "1", "--nvme-path", args.swap,
            "--plot", ""]
     print(f"\n$ {' '.join(cmd)}   # zinf.overlap_optimizer {str(overlap).lower()}", flush=True)
-    group = Cgroup(limit)
     lines = []
     start = time.monotonic()
+    group = None
+    proc = None
     try:
+        group = Cgroup(limit)
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 preexec_fn=group.enter)
         for line in proc.stdout:
@@ -134,7 +152,11 @@ def run_zinf(args, config, overlap, limit):
         rc = proc.wait()
         peak, ooms = group.peak(), group.oom_kills()
     finally:
-        group.remove()
+        if proc is not None and proc.poll() is None:  # interrupted: the run goes too
+            proc.kill()
+            proc.wait()
+        if group is not None:
+            group.remove()
         os.unlink(path)
     wall = time.monotonic() - start
     if rc != 0:

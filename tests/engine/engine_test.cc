@@ -212,6 +212,7 @@ TEST(Engine, DefaultOverlapStandsBackWhereItsSpareExtentsDoNotFit) {
   };
   // The swap files with and without the overlap, planned in a folder with room for both.
   uint64_t with = 0, without = 0;
+  size_t sub_groups = 0;
   for (const bool overlap : {true, false}) {
     ::zinf::testing::TempDir dir;
     EngineOptions p = o;
@@ -220,9 +221,45 @@ TEST(Engine, DefaultOverlapStandsBackWhereItsSpareExtentsDoNotFit) {
     p.zero.overlap_optimizer_given = true;
     Engine engine(std::make_shared<LlamaModelImpl>(tiny()), p, init);
     (overlap ? with : without) = engine.memory_report().plan.nvme;
+    sub_groups = engine.zero_model().optimizer().swapper().sub_group_count();
   }
   ASSERT_GT(with, without);
-  ::zinf::testing::SmallTmpfs fs(without + (with - without) / 2);
+  ASSERT_GT(sub_groups, 2u);
+  auto train_one = [&](Engine& engine, const std::shared_ptr<LlamaModelImpl>& model) {
+    (void)engine.train_batch([&](int) {
+      auto [x, y] = batch(0, o.micro_batch_size);
+      return model->loss(x, y);
+    });
+  };
+  auto said = [](const std::vector<std::string>& lines, const std::string& what) {
+    for (const std::string& line : lines) {
+      if (line.find(what) != std::string::npos) return true;
+    }
+    return false;
+  };
+  {
+    // Room for half the spare extents: a window of the last sub-groups keeps the overlap.
+    const uint64_t room = without + (with - without) / 2;
+    ::zinf::testing::SmallTmpfs fs(room);
+    if (!fs.mounted()) GTEST_SKIP() << "cannot mount a small tmpfs: " << fs.error();
+    EngineOptions p = o;
+    p.zero.nvme_paths = {fs.path()};
+    std::vector<std::string> lines;
+    p.log = [&](const std::string& line) { lines.push_back(line); };
+    auto model = std::make_shared<LlamaModelImpl>(tiny());
+    Engine engine(model, p, init);
+    EXPECT_TRUE(said(lines, "zinf.overlap_optimizer for the last"))
+        << "no start-up line says the overlap keeps a window";
+    const size_t window = engine.options().zero.overlap_sub_groups;
+    EXPECT_GT(window, 0u);
+    EXPECT_LT(window, sub_groups);
+    EXPECT_GT(engine.memory_report().plan.nvme, without);
+    EXPECT_LE(engine.memory_report().plan.nvme, room);
+    train_one(engine, model);
+    EXPECT_EQ(engine.zero_model().stats().overlap.steps, 1u);
+    EXPECT_LE(engine.zero_model().stats().overlap.speculated, window);
+  }
+  ::zinf::testing::SmallTmpfs fs(without);  // no room for a single spare extent
   if (!fs.mounted()) GTEST_SKIP() << "cannot mount a small tmpfs: " << fs.error();
   o.zero.nvme_paths = {fs.path()};
   std::vector<std::string> lines;
@@ -230,16 +267,10 @@ TEST(Engine, DefaultOverlapStandsBackWhereItsSpareExtentsDoNotFit) {
   {
     auto model = std::make_shared<LlamaModelImpl>(tiny());
     Engine engine(model, o, init);
-    bool said = false;
-    for (const std::string& line : lines) {
-      said = said || line.find("zinf.overlap_optimizer off for this run") != std::string::npos;
-    }
-    EXPECT_TRUE(said) << "no start-up line says the overlap is off";
+    EXPECT_TRUE(said(lines, "zinf.overlap_optimizer off for this run"))
+        << "no start-up line says the overlap is off";
     EXPECT_EQ(engine.memory_report().plan.nvme, without);
-    (void)engine.train_batch([&](int) {
-      auto [x, y] = batch(0, o.micro_batch_size);
-      return model->loss(x, y);
-    });
+    train_one(engine, model);
     EXPECT_EQ(engine.zero_model().stats().overlap.steps, 0u);
   }
   o.zero.overlap_optimizer_given = true;

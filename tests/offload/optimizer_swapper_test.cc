@@ -1072,6 +1072,60 @@ TEST(OptimizerSwapperSpeculation, CommittedAndRolledBackUpdatesEqualPlainSteps) 
   }
 }
 
+// speculate_window: only the last N sub-groups get spare extents (the footprint counts just
+// those) and may be speculated; a speculation outside the window is refused; committed window
+// updates and the plain update of the rest equal the plain step.
+TEST(OptimizerSwapperSpeculation, AWindowOfTheLastSubGroupsHasSparesOnlyThere) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  const Problem problem(seed);
+  TempDir dir;
+  NvmeStore store(store_config(dir.path(), true));
+  AdamOptimizer adam(adam_config());
+  OptimizerSwapperConfig config;
+  config.sub_groups = cut_sub_groups(kNumel, kSubGroup).sizes();  // 4
+  config.speculate = true;
+  config.speculate_window = 2;
+  OptimizerSwapperConfig all = config;
+  all.speculate_window = 0;
+  OptimizerSwapperConfig none = config;
+  none.speculate = false;
+  const Footprint f = OptimizerSwapper::footprint(config, adam.state_arrays());
+  // Spares for p, m, v of sub-groups 2 and 3 (3000 and 1007 elements) only.
+  EXPECT_GT(f.nvme, OptimizerSwapper::footprint(none, adam.state_arrays()).nvme);
+  EXPECT_LT(f.nvme, OptimizerSwapper::footprint(all, adam.state_arrays()).nvme);
+  OptimizerSwapper swapper(config, adam, &store);
+  EXPECT_EQ(store.stats().file_bytes, f.nvme);
+  EXPECT_FALSE(swapper.can_speculate(0));
+  EXPECT_FALSE(swapper.can_speculate(1));
+  EXPECT_TRUE(swapper.can_speculate(2));
+  EXPECT_TRUE(swapper.can_speculate(3));
+  swapper.initialize(problem.params.data());
+  const std::vector<float>& grads = problem.grads[0];
+  std::vector<uint16_t> copy(kSubGroup);
+  try {
+    (void)swapper.speculate(1, grads.data() + kSubGroup, options_for(1), copy.data(), false, {});
+    ADD_FAILURE() << "a sub-group outside the window was speculated";
+  } catch (const OffloadError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUsage) << e.what();
+  }
+  Outcome got;
+  for (const size_t g : {size_t{3}, size_t{2}}) {
+    const auto [offset, numel] = swapper.sub_group_range(g);
+    std::vector<uint16_t> c(numel);
+    (void)swapper.speculate(g, grads.data() + offset, options_for(1), c.data(), false, {});
+    got.copies[offset] = c;
+  }
+  swapper.write_grads(0, grads.data(), 2 * kSubGroup);  // sub-groups 0 and 1
+  swapper.commit_speculation();
+  (void)swapper.step(options_for(1), [&](uint64_t offset, const void* data, uint64_t numel) {
+    got.copies[offset].assign(static_cast<const uint16_t*>(data),
+                              static_cast<const uint16_t*>(data) + numel);
+  });
+  read_arrays(swapper, got);
+  expect_identical(got, run_direct(problem, 1), "window of 2");
+}
+
 // A failed write of a speculated update: reported, and nothing committed is lost — the
 // partition reads as before the step, and the plain step from it gives the plain result.
 TEST(OptimizerSwapperSpeculation, FailedSpeculativeWriteLosesNothingCommitted) {

@@ -162,6 +162,31 @@ TEST(TrainConfig, DefaultsStandBackWhereTheyDoNotFit) {
     EXPECT_NE(lines[1].find(engine::format_bytes(grads_only)), std::string::npos) << lines[1];
   }
   {
+    // Swap space for half the spare extents: the overlap keeps a window of last sub-groups,
+    // the largest that fits, and says so.
+    engine::PlanInputs v = in;
+    v.zero.overlap_optimizer = false;
+    const uint64_t without = engine::plan_memory(v).nvme;
+    engine::MemoryPlan plan = engine::plan_memory(in);
+    const uint64_t with = plan.nvme;
+    ASSERT_GT(with, without);
+    engine::FitLimits limits;
+    limits.host_available = both;
+    limits.swap_free = without + (with - without) / 2;
+    v = in;
+    const std::vector<std::string> lines = engine::fit_defaults(v, plan, limits);
+    EXPECT_TRUE(v.zero.overlap_optimizer);
+    EXPECT_GT(v.zero.overlap_sub_groups, 0u);
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_NE(lines[0].find("for the last " + std::to_string(v.zero.overlap_sub_groups) + " of "),
+              std::string::npos)
+        << lines[0];
+    EXPECT_LE(plan.nvme, *limits.swap_free);
+    engine::PlanInputs wider = v;
+    ++wider.zero.overlap_sub_groups;
+    EXPECT_GT(engine::plan_memory(wider).nvme, *limits.swap_free) << "not the largest window";
+  }
+  {
     const auto [z, lines] = fit(none, true);  // given keys stay, whatever they cost
     EXPECT_TRUE(z.overlap_optimizer && z.host_grads);
     EXPECT_TRUE(lines.empty());

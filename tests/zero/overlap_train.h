@@ -52,6 +52,8 @@ struct OverlapResult {
   std::vector<double> norms;          // per step
   std::vector<bool> skipped;          // per step
   OverlapStats overlap;
+  bool grads_in_memory = false;  // the optimizer's grads are a host array (zinf.grad_offload)
+  uint64_t nvme_bytes = 0;       // the optimizer tier's NVMe bytes read and written
 };
 
 // This rank's fp32 master weights, exp_avg and exp_avg_sq, as the optimizer tier holds them.
@@ -131,6 +133,10 @@ inline OverlapResult train_overlap(const OverlapPlan& plan, bool overlap, double
     r.params.push_back(p.detach().clone());
   }
   r.overlap = model.stats().overlap;
+  offload::OptimizerSwapper& swapper = model.optimizer().swapper();
+  r.grads_in_memory = swapper.memory(offload::OptimizerState::kGrads) != nullptr;
+  const offload::OffloadCounters c = swapper.counters();
+  r.nvme_bytes = c.nvme_bytes_read + c.nvme_bytes_written;
   return r;
 }
 

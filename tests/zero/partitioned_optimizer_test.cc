@@ -35,7 +35,7 @@ struct Trained {
 // parameter in backward order (last parameter first), each as one gradient.
 Trained train(OffloadTarget tier, uint64_t sub_group_size, const std::vector<uint64_t>& numels,
               uint32_t seed, const std::string& dir, int micro_batches = 4, bool overlap = false,
-              bool host_grads = false) {
+              bool host_grads = false, size_t window = 0) {
   PartitionLayout layout(numels, 1, 0, sub_group_size);
   ZeroConfig config;
   config.stage = 3;
@@ -45,6 +45,7 @@ Trained train(OffloadTarget tier, uint64_t sub_group_size, const std::vector<uin
   config.precision = Precision::kBFloat16;  // the sink's copies: bf16
   config.overlap_optimizer = overlap;
   config.host_grads = host_grads && tier == OffloadTarget::kNvme;
+  config.overlap_sub_groups = window;
   optimizer_cpu::AdamOptimizer adam;
   std::unique_ptr<offload::NvmeStore> store;
   if (tier == OffloadTarget::kNvme) {
@@ -152,6 +153,34 @@ TEST(PartitionedOptimizer, OverlappedUpdatesEqualThePlainStepOnBothTiers) {
       EXPECT_EQ(overlapped.overlap.rolled_back, 0u);
     }
   }
+}
+
+// A window of the last 4 of 11 sub-groups (ZeroConfig::overlap_sub_groups, what fit_defaults
+// sets where the whole overlap does not fit): only those are updated behind the backward, the
+// rest by the step, and the result is the plain step's on both tiers.
+TEST(PartitionedOptimizer, AnOverlapWindowUpdatesOnlyItsSubGroupsBehindTheBackward) {
+  const auto seed = static_cast<uint32_t>(test_seed());
+  ZINF_TRACE_SEED(seed);
+  const std::vector<uint64_t> numels = {700, 1300, 50, 2048, 999, 3};
+  for (const OffloadTarget tier : {OffloadTarget::kCpu, OffloadTarget::kNvme}) {
+    SCOPED_TRACE(tier == OffloadTarget::kNvme ? "nvme" : "cpu");
+    TempDir dir;
+    const Trained plain = train(tier, 500, numels, seed, dir.path(), 3);
+    const Trained windowed = train(tier, 500, numels, seed, dir.path(), 3, true, false, 4);
+    EXPECT_EQ(plain.params, windowed.params);
+    EXPECT_EQ(plain.copies, windowed.copies);
+    EXPECT_EQ(windowed.overlap.committed, 2u * 4u);
+    EXPECT_EQ(windowed.overlap.speculated, 2u * 4u);
+  }
+  EXPECT_EQ(PartitionedOptimizer::overlap_host_bytes(
+                [] {
+                  ZeroConfig c;
+                  c.overlap_optimizer = true;
+                  c.overlap_sub_groups = 2;
+                  return c;
+                }(),
+                {500, 500, 500, 7}),
+            (500u + 7u) * 4u);  // fp32: the last two sub-groups' params
 }
 
 // zinf.grad_offload "cpu": with the optimizer on NVMe the grads accumulate in host memory.
