@@ -530,7 +530,8 @@ TEST(ZeroMultirankRank, DISABLED_Train) {
   const std::string suite = env_or("ZINF_TEST_SUITE", "");
   if (suite == "overlap") {
     // zinf.overlap_optimizer on and off, bit for bit (tests/zero/overlap_train.h): the
-    // CPU tier at stage 2, NVMe at stage 3; clipping and an Inf on rank 0 only.
+    // CPU tier at stage 2, NVMe at stage 3 (the grads on NVMe, then in host memory with 2
+    // micro-batches); clipping and an Inf on rank 0 only.
     testing::OverlapPlan cpu;
     cpu.name = "2 ranks, stage 2, optimizer on cpu";
     cpu.config.stage = 2;
@@ -544,6 +545,11 @@ TEST(ZeroMultirankRank, DISABLED_Train) {
     nvme.config = testing::overlap_on_nvme(env_or("ZINF_TEST_NVME_DIR", ""));
     nvme.config.sub_group_size = 37;
     nvme.boost = nvme.inject = true;
+    testing::expect_overlap_identical(nvme, seed, *comm);
+    comm->barrier()->wait();
+    nvme.name = "2 ranks, stage 3, optimizer on nvme, grads in host memory, 2 micro-batches";
+    nvme.config.host_grads = true;
+    nvme.micro_batches = 2;
     testing::expect_overlap_identical(nvme, seed, *comm);
     comm->barrier()->wait();
     return;
@@ -650,7 +656,7 @@ TEST(ZeroMultirank, OptimizerOverlapOnTwoRanksIsBitIdentical) {
         ++cases;
       }
     }
-    EXPECT_EQ(cases, 2) << "rank 0 did not report both cases:\n" << r.output;
+    EXPECT_EQ(cases, 3) << "rank 0 did not report the three cases:\n" << r.output;
   }
 }
 TEST(ZeroMultirank, Stage3OnNvmeOnThreeRanksMatchesOneProcess) { expect_nvme_parity(3, "nvme"); }
