@@ -14,11 +14,11 @@
 //
 // Pinned memory is fixed by the config: sets = 1 + pipeline_read + pipeline_write buffer
 // sets, each `states` buffers of (largest sub-group) x 4 bytes (states: 4 for Adam — params,
-// grads, m, v; 3 for Adagrad and Lion) plus one 16-bit copy buffer of its x 2
-// bytes. `buffer_count` (offload_optimizer.buffer_count) must be at least `states`; the
-// constructor fails early with the numbers otherwise. pinned_bytes() reports the total.
-// Each set's I/O queue has the state buffers registered (io_uring fixed buffers; when the
-// kernel refuses, transfers take the normal path).
+// grads, m, v; 3 for Adagrad and Lion; one fewer with the grads in memory, below) plus one
+// 16-bit copy buffer of its x 2 bytes. `buffer_count` (offload_optimizer.buffer_count) must be at
+// least `states`; the constructor fails early with the numbers otherwise. pinned_bytes() reports
+// the total. Each set's I/O queue has the state buffers registered (io_uring fixed buffers; when
+// the kernel refuses, transfers take the normal path).
 //
 // The sets are a cache as well as a pipeline. Sub-group i always passes through set
 // i % sets, and a set keeps its buffers between steps: after a step each set still holds

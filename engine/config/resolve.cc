@@ -42,6 +42,7 @@ class Resolver {
   void optimizer_and_scheduler();
   void precision();
   void zero_buckets();
+  void offload_defaults();
   void accelerator();
 
  private:
@@ -226,6 +227,21 @@ void Resolver::accelerator() {
                                                 : ctx_.cuda_unavailable_reason);
 }
 
+// zinf's keys whose defaults depend on the optimizer's tier: said at start-up, since they
+// cost disk and host memory (the engine may still turn them off where that is short, saying
+// so: engine::fit_defaults).
+void Resolver::offload_defaults() {
+  if (c_.zero.offload_optimizer != zero::OffloadTarget::kNvme) return;
+  if (!c_.zinf.overlap_optimizer) {
+    record("zinf.overlap_optimizer", c_.zero.overlap_optimizer,
+           "the default with the optimizer on NVMe: sub-groups updated behind the backward");
+  }
+  if (!c_.zinf.grad_offload) {
+    record("zinf.grad_offload", c_.zero.host_grads ? "cpu" : "nvme",
+           "the default with the optimizer on NVMe: its fp32 grads in host memory");
+  }
+}
+
 // The key a swap folder came from, for messages (a RunConfig made by hand may lack them).
 std::string nvme_path_key(const RunConfig& c, size_t index) {
   return index < c.nvme_path_keys.size() ? c.nvme_path_keys[index]
@@ -244,6 +260,7 @@ void resolve_auto(RunConfig& config, const AutoContext& context) {
   r.optimizer_and_scheduler();
   r.precision();
   r.zero_buckets();
+  r.offload_defaults();
   r.accelerator();
   if (!config.auto_keys.empty()) {
     throw ConfigError(config.source, *config.auto_keys.begin(),

@@ -2,6 +2,7 @@
 // the printed lines, the swap-folder checks and the swap-buffer check against the model.
 #include "engine/config/resolve.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -255,6 +256,33 @@ TEST(ResolveTest, HfTrainerZero3TemplateResolves) {
                       "amp.enabled = false (auto: zinf has no apex AMP; fp16 / bf16 choose the "
                       "precision)"),
             lines.end());
+}
+
+// With the optimizer on NVMe the start-up lines say the two defaults that cost disk and host
+// memory; a key the config gives is not repeated, and other tiers have neither line.
+TEST(ResolveTest, OffloadDefaultsAreSaidWithTheOptimizerOnNvme) {
+  auto lines_of = [](const std::string& zinf_keys, const char* device) {
+    RunConfig c = parse(fmt::format(
+        R"({{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {{"stage": 3,
+        "offload_optimizer": {{"device": "{}", "nvme_path": "/x"}}}}{}}})",
+        device, zinf_keys));
+    resolve_auto(c, on(1));
+    return resolved_lines(c);
+  };
+  auto has = [](const std::vector<std::string>& lines, const std::string& start) {
+    return std::any_of(lines.begin(), lines.end(),
+                       [&](const std::string& l) { return l.rfind(start, 0) == 0; });
+  };
+  const std::vector<std::string> nvme = lines_of("", "nvme");
+  EXPECT_TRUE(has(nvme, "zinf.overlap_optimizer = true (the default with the optimizer on NVMe"));
+  EXPECT_TRUE(has(nvme, "zinf.grad_offload = cpu (the default with the optimizer on NVMe"));
+  const std::vector<std::string> given =
+      lines_of(R"(, "zinf": {"overlap_optimizer": false, "grad_offload": "nvme"})", "nvme");
+  EXPECT_FALSE(has(given, "zinf.overlap_optimizer"));
+  EXPECT_FALSE(has(given, "zinf.grad_offload"));
+  const std::vector<std::string> cpu = lines_of("", "cpu");
+  EXPECT_FALSE(has(cpu, "zinf.overlap_optimizer"));
+  EXPECT_FALSE(has(cpu, "zinf.grad_offload"));
 }
 
 TEST(ResolveTest, AcceleratorAuto) {
