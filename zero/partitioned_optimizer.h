@@ -112,8 +112,7 @@ class PartitionedOptimizer {
       const ZeroConfig& config, std::vector<uint64_t> sub_groups);
   // What the optimizer allocates besides the layout: its swapper's footprint, and with the
   // optimizer on NVMe and its grads there (not config.host_grads) the two pinned gradient
-  // staging buffers of a sub-group each. The
-  // arrays kept in memory are counted as host bytes.
+  // staging buffers of a sub-group each. The arrays kept in memory are counted as host bytes.
   [[nodiscard]] static offload::Footprint footprint(const ZeroConfig& config,
                                                     std::vector<uint64_t> sub_groups,
                                                     optimizer_cpu::StateArrays states);
