@@ -735,6 +735,8 @@ int run_train(const TrainArgs& args) {
       double seconds = 0.0, param_fetch = 0.0, misses = 0.0, param_swap = 0.0;
       uint64_t allocations_before_first = 0;  // by the device runtime, before step 1 ends
       uint64_t allocations_after_first = 0;   // and after it
+      // NVMe bytes: optimizer read, written; params read, written.
+      uint64_t io[4] = {0, 0, 0, 0};
     } eval_cost;
     auto evaluate_held_out = [&](int64_t at_step) {
       const Clock::time_point t0 = Clock::now();
@@ -765,6 +767,11 @@ int run_train(const TrainArgs& args) {
       eval_cost.param_fetch += s1.params.wait_seconds - s0.params.wait_seconds;
       eval_cost.misses += s1.coordinator.block_wait_seconds - s0.coordinator.block_wait_seconds;
       eval_cost.param_swap += s1.param_swap.io_wait_seconds - s0.param_swap.io_wait_seconds;
+      eval_cost.io[0] += s1.optimizer_swap.nvme_bytes_read - s0.optimizer_swap.nvme_bytes_read;
+      eval_cost.io[1] +=
+          s1.optimizer_swap.nvme_bytes_written - s0.optimizer_swap.nvme_bytes_written;
+      eval_cost.io[2] += s1.param_swap.nvme_bytes_read - s0.param_swap.nvme_bytes_read;
+      eval_cost.io[3] += s1.param_swap.nvme_bytes_written - s0.param_swap.nvme_bytes_written;
       (at_step >= 1 ? eval_cost.allocations_after_first : eval_cost.allocations_before_first) +=
           runtime_allocations(eng.accelerator()) - allocations0;
       if (csv) csv->write("Train/Samples/eval_loss", eng.global_samples(), mean_loss);
@@ -830,9 +837,10 @@ int run_train(const TrainArgs& args) {
     SignalWatcher watcher(progress, args.save, launch.launcher != "none");
     uint64_t allocations_after_first = 0;  // the device runtime's, after step 1
     // The swap tiers' bytes from here on: the summary's I/O per step leaves out the start-up
-    // (the initial states written, a checkpoint loaded); evaluations and saves during the run
-    // are counted in it.
+    // (the initial states written, a checkpoint loaded) and the evaluations; saves during the
+    // run are counted in it.
     const zero::ZeroModelStats io_start = eng.zero_model().stats();
+    const EvalCost eval_before_steps = eval_cost;
     const int64_t first_step = step;
     while (step < steps && (sig = agreed_signal(eng)) == 0) {
       // A save follows this step: the step writes the optimizer states into it as it updates
@@ -912,22 +920,23 @@ int run_train(const TrainArgs& args) {
           launch.world_size, threads);
       fmt::print("memory      planned and measured peak per tier (rank 0):\n{}", mem.table());
       {
-        // The bytes each swap tier moved per step trained (rank 0), start-up left out,
-        // evaluations and saves during the run in.
+        // The bytes each swap tier moved per step trained (rank 0): start-up and evaluations
+        // left out, saves during the run in.
         const zero::ZeroModelStats z = eng.zero_model().stats();
-        const auto per_step = [&](uint64_t bytes, uint64_t at_start) {
+        const auto per_step = [&](uint64_t bytes, uint64_t at_start, int kind) {
+          const uint64_t evaluated = eval_cost.io[kind] - eval_before_steps.io[kind];
+          const uint64_t trained = bytes - std::min(bytes, at_start + evaluated);
           return engine::format_bytes(
-              (bytes - std::min(bytes, at_start)) /
-              static_cast<uint64_t>(std::max<int64_t>(1, step - first_step)));
+              trained / static_cast<uint64_t>(std::max<int64_t>(1, step - first_step)));
         };
         const zero::ZeroConfig& run_zero = eng.options().zero;  // (after fit_defaults)
         fmt::print(
             "I/O/step   optimizer nvme read {} written {} | params nvme read {} written {}{}\n",
-            per_step(z.optimizer_swap.nvme_bytes_read, io_start.optimizer_swap.nvme_bytes_read),
+            per_step(z.optimizer_swap.nvme_bytes_read, io_start.optimizer_swap.nvme_bytes_read, 0),
             per_step(z.optimizer_swap.nvme_bytes_written,
-                     io_start.optimizer_swap.nvme_bytes_written),
-            per_step(z.param_swap.nvme_bytes_read, io_start.param_swap.nvme_bytes_read),
-            per_step(z.param_swap.nvme_bytes_written, io_start.param_swap.nvme_bytes_written),
+                     io_start.optimizer_swap.nvme_bytes_written, 1),
+            per_step(z.param_swap.nvme_bytes_read, io_start.param_swap.nvme_bytes_read, 2),
+            per_step(z.param_swap.nvme_bytes_written, io_start.param_swap.nvme_bytes_written, 3),
             run_zero.offload_optimizer != zero::OffloadTarget::kNvme ? ""
             : run_zero.host_grads ? " (the optimizer's grads in host memory)"
                                   : " (the optimizer's grads on nvme)");
