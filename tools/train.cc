@@ -668,9 +668,7 @@ int run_train(const TrainArgs& args) {
       fit.swap_free = engine::swap_free_bytes(cfg.zero);
       fit.device_is_host_memory = options.accelerator != "cuda";
       for (const std::string& line : engine::fit_defaults(plan_in, plan, fit)) say("  " + line);
-      options.zero.overlap_optimizer = plan_in.zero.overlap_optimizer;
-      options.zero.overlap_sub_groups = plan_in.zero.overlap_sub_groups;
-      options.zero.host_grads = plan_in.zero.host_grads;
+      options.zero = plan_in.zero;  // (both are the config's ZeroConfig, now fitted)
       engine::PlanLimits limits;
       limits.device_budget = options.memory_budget;
       limits.pinned_limit = cfg.zero.pinned_memory_limit;
